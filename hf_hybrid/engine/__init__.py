@@ -1,0 +1,1 @@
+"""The predictive-training algorithm in plain PyTorch; never imports transformers."""

@@ -1,0 +1,170 @@
+"""Choosing the predict horizon (how many optimizer steps to predict in a row) with a UCB1 bandit.
+
+Longer horizons save more backward passes but are riskier; the best length depends on the model, the
+data and the phase of training, so it is learnt online from the reward of each finished predict phase
+instead of being fixed by hand.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["HorizonBandit", "default_arms", "phase_reward"]
+
+# Scores closer than this count as tied, so float noise cannot decide between equally good arms.
+_TIE_REL_TOL = 1e-12
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def default_arms(min_steps: int, max_steps: int) -> list[int]:
+    """Candidate horizons: ``min_steps``, every power of two strictly between, and ``max_steps``.
+
+    Powers of two give a geometric grid, so a handful of arms covers a wide range of horizons.
+    """
+    if not _is_int(min_steps) or min_steps < 1:
+        raise ValueError(f"min_steps must be an int >= 1, got {min_steps!r}")
+    if not _is_int(max_steps) or max_steps < min_steps:
+        raise ValueError(f"max_steps must be an int >= min_steps ({min_steps}), got {max_steps!r}")
+    arms = {min_steps, max_steps}
+    power = 1
+    while power < max_steps:
+        if power > min_steps:
+            arms.add(power)
+        power *= 2
+    return sorted(arms)
+
+
+def phase_reward(predicted_steps: int, full_steps: int, rolled_back: bool, skill: float) -> float:
+    """Reward in [0, 1] for one finished predict phase.
+
+    ``reward = predicted_steps / (predicted_steps + full_steps + 1) * clamp(skill, 0, 1)``
+
+    The fraction is the share of backward passes the phase saved in its cycle (``full_steps`` real steps
+    before it, ``predicted_steps`` skipped ones, and the one CORRECT step that closes it); ``skill``
+    (1 = perfect prediction, <= 0 = no better than not predicting) discounts savings bought with bad
+    predictions. A rolled-back phase saved nothing, so it earns 0; a NaN skill also earns 0, since an
+    unmeasurable prediction deserves no credit.
+    """
+    if not _is_int(predicted_steps) or predicted_steps < 0:
+        raise ValueError(f"predicted_steps must be an int >= 0, got {predicted_steps!r}")
+    if not _is_int(full_steps) or full_steps < 0:
+        raise ValueError(f"full_steps must be an int >= 0, got {full_steps!r}")
+    skill = float(skill)
+    if rolled_back or predicted_steps == 0 or math.isnan(skill):
+        return 0.0
+    saved = predicted_steps / (predicted_steps + full_steps + 1)
+    return saved * min(max(skill, 0.0), 1.0)
+
+
+class HorizonBandit:
+    """UCB1 over a fixed set of horizons; rewards come from :func:`phase_reward`.
+
+    ``exploration`` scales the UCB1 bonus ``sqrt(2 ln N / n_arm)``: rewards of real phases span a narrow
+    part of [0, 1], so a value below 1 converges faster at the price of less exploration. Randomness
+    (tie breaking only) comes from a private seeded generator, never the global torch RNG.
+    """
+
+    def __init__(self, arms: Sequence[int], seed: int = 0, exploration: float = 1.0) -> None:
+        arms = list(arms)
+        if not arms:
+            raise ValueError("arms must contain at least one horizon, got an empty sequence")
+        for arm in arms:
+            if not _is_int(arm) or arm < 1:
+                raise ValueError(f"arms must be ints >= 1, got {arm!r} in {arms!r}")
+        if len(set(arms)) != len(arms):
+            raise ValueError(f"arms must be unique, got {arms!r}")
+        if not _is_int(seed) or not 0 <= seed < 2**63:
+            raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
+        exploration = float(exploration)
+        if not math.isfinite(exploration) or exploration < 0:
+            raise ValueError(f"exploration must be finite and >= 0, got {exploration!r}")
+        self.arms: list[int] = sorted(arms)
+        self.exploration = exploration
+        self._pulls: dict[int, int] = {arm: 0 for arm in self.arms}
+        self._reward_sums: dict[int, float] = {arm: 0.0 for arm in self.arms}
+        self._generator = torch.Generator(device="cpu")
+        self._generator.manual_seed(seed)
+
+    def select(self, max_horizon: int | None = None) -> int:
+        """Horizon for the next predict phase.
+
+        Only arms <= ``max_horizon`` are eligible (the smallest arm when none is). Unplayed arms go first,
+        shortest first, because short horizons are the safe ones to learn from.
+        """
+        eligible = self.arms if max_horizon is None else [arm for arm in self.arms if arm <= max_horizon]
+        if not eligible:
+            return self.arms[0]
+        for arm in eligible:
+            if self._pulls[arm] == 0:
+                return arm
+        log_total = math.log(sum(self._pulls.values()))
+        scores = [
+            self._reward_sums[arm] / self._pulls[arm]
+            + self.exploration * math.sqrt(2.0 * log_total / self._pulls[arm])
+            for arm in eligible
+        ]
+        best = max(scores)
+        tied = [
+            arm
+            for arm, score in zip(eligible, scores, strict=True)
+            if math.isclose(score, best, rel_tol=_TIE_REL_TOL, abs_tol=_TIE_REL_TOL)
+        ]
+        if len(tied) == 1:
+            return tied[0]
+        index = int(torch.randint(len(tied), (1,), generator=self._generator).item())
+        return tied[index]
+
+    def update(self, arm: int, reward: float) -> None:
+        """Record the reward of a finished phase played with horizon ``arm``."""
+        if arm not in self._pulls:
+            raise ValueError(f"arm must be one of {self.arms}, got {arm!r}")
+        reward = float(reward)
+        if not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
+            raise ValueError(f"reward must be finite and in [0, 1], got {reward!r}")
+        self._pulls[arm] += 1
+        self._reward_sums[arm] += reward
+        logger.debug("horizon bandit: arm %d reward %.4f (pulls %d)", arm, reward, self._pulls[arm])
+
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Per arm (keyed by ``str(arm)``): ``pulls`` and ``mean_reward`` (0 while unplayed), for logging."""
+        return {
+            str(arm): {
+                "pulls": float(self._pulls[arm]),
+                "mean_reward": self._reward_sums[arm] / self._pulls[arm] if self._pulls[arm] else 0.0,
+            }
+            for arm in self.arms
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able state, generator included, so a resumed run makes the same choices."""
+        return {
+            "arms": list(self.arms),
+            "pulls": [self._pulls[arm] for arm in self.arms],
+            "reward_sums": [self._reward_sums[arm] for arm in self.arms],
+            "generator_state": self._generator.get_state().tolist(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; refuses a state saved for different arms."""
+        saved_arms = [int(arm) for arm in state["arms"]]
+        if saved_arms != self.arms:
+            raise ValueError(f"state arms {saved_arms} differ from this bandit's arms {self.arms}")
+        pulls = [int(p) for p in state["pulls"]]
+        sums = [float(s) for s in state["reward_sums"]]
+        if len(pulls) != len(self.arms) or len(sums) != len(self.arms):
+            raise ValueError(
+                f"state has {len(pulls)} pulls and {len(sums)} reward sums, expected {len(self.arms)} of each"
+            )
+        self._generator.set_state(torch.tensor(state["generator_state"], dtype=torch.uint8))
+        self._pulls = dict(zip(self.arms, pulls, strict=True))
+        self._reward_sums = dict(zip(self.arms, sums, strict=True))

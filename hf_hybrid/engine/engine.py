@@ -1,0 +1,446 @@
+"""HybridEngine: the whole algorithm behind two calls per optimizer step.
+
+    plan = engine.begin_step()                  # which phase, and whether to measure the loss
+    ... caller runs forward(+backward) for the step's micro-batches ...
+    engine.finish_step(loss, grad_norm, lr, optimizer_step)   # where the real step would happen
+
+The caller (a Trainer, or any plain PyTorch loop) never decides anything itself; the engine never
+reaches into the caller except through `optimizer_step`. Everything it decides is derived from
+scalars that are identical on every rank (the caller all-reduces the loss), so no rank drifts.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from .bandit import HorizonBandit, default_arms, phase_reward
+from .divergence import DivergenceLevel, DivergenceMonitor, DivergenceReport
+from .dynamics import LossDynamics
+from .guard import ParameterGuard
+from .phases import Phase, PhaseController, PhaseSchedule
+from .predictor import build_predictor, delta_dot_products
+from .residuals import Corrector, Residual, ResidualStore
+
+logger = logging.getLogger(__name__)
+
+# Cost of one step in forward-pass units (forward 1, backward 2): the machine-independent compute model.
+FULL_STEP_COST = 3.0
+CHECKED_PREDICT_COST = 1.0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    schedule: PhaseSchedule = field(default_factory=PhaseSchedule)
+    predictor: str = "ema"
+    predictor_kwargs: dict[str, Any] = field(default_factory=dict)
+    check_every: int = 1
+    max_delta: float = 0.05
+    rollback: bool = True
+    divergence_sigma: float = 3.0
+    snapshot_device: str = "same"
+    seed: int = 0
+    use_bandit: bool = True
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What must match for a saved engine state to mean anything to this one."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    phase: Phase
+    measure_loss: bool
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    phase: Phase
+    loss: float | None
+    applied_update: bool
+    rolled_back: bool
+    level: DivergenceLevel
+    reasons: tuple[str, ...] = ()
+
+
+class HybridEngine:
+    """Phase controller, predictor, loss dynamics, residuals, divergence monitor and guard, wired."""
+
+    def __init__(self, params: Mapping[str, torch.Tensor], config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        if not params:
+            raise ValueError("HybridEngine needs at least one trainable parameter; the model has none")
+        self.params = dict(params)
+        s = self.config.schedule
+        self.controller = PhaseController(s)
+        self.bandit = HorizonBandit(
+            default_arms(s.min_predict_steps, s.max_predict_steps), seed=self.config.seed, exploration=0.3
+        )
+        self.predictor = build_predictor(self.config.predictor, **self.config.predictor_kwargs)
+        self.dynamics = LossDynamics(seed=self.config.seed)
+        self.monitor = DivergenceMonitor(sigma=self.config.divergence_sigma)
+        self.store = ResidualStore()
+        self.corrector = Corrector()
+        self.guard = ParameterGuard(self.params, self.config.snapshot_device)
+        self.last_theta = {name: p.detach().float().clone() for name, p in self.params.items()}
+        self.counts: Counter[str] = Counter()
+        self.plan: StepPlan | None = None
+        self.steps_since_real = 0
+        self.phase_state: dict[str, Any] = {}
+        self.last_report: DivergenceReport | None = None
+        self.last_predicted_loss: float | None = None
+        self.last_measured_loss: float | None = None
+
+    # ---- per step -------------------------------------------------------------------------------
+
+    def begin_step(self) -> StepPlan:
+        """Decide the phase of the next optimizer step (call once per step, on every rank)."""
+        was_predicting = self.controller.in_predict_phase
+        phase = self.controller.decide(self.confidence(), self.predictor.observed, self._choose_horizon)
+        if phase is Phase.PREDICT and not was_predicting:
+            self._open_predict_phase()
+        if phase is Phase.CORRECT and self.phase_state:
+            self.last_predicted_loss = self._phase_forecast(self.phase_state["predicted"])
+        elif phase.runs_backward:
+            self.last_predicted_loss = self._forecast(1)[0] if self.dynamics.num_observed else None
+        measure = phase.runs_backward or self._is_checked_predict_step()
+        self.plan = StepPlan(phase, measure)
+        self.counts[f"steps_{phase.value}"] += 1
+        return self.plan
+
+    def finish_step(
+        self,
+        loss: float | None,
+        grad_norm: float | None,
+        learning_rate: float,
+        optimizer_step: Callable[[], None],
+        skip_nonfinite_step: bool = True,
+    ) -> StepOutcome:
+        """Run the step's update: the real optimizer step, or the predicted delta.
+
+        `skip_nonfinite_step=False` is for callers whose optimizer already skips non-finite
+        gradients (a fp16 GradScaler) and must be called on every real step.
+        """
+        if self.plan is None:
+            raise RuntimeError("finish_step() called without begin_step()")
+        plan, self.plan = self.plan, None
+        if plan.phase.runs_backward:
+            return self._real_step(
+                plan.phase, loss, grad_norm, learning_rate, optimizer_step, skip_nonfinite_step
+            )
+        return self._predict_step(loss if plan.measure_loss else None, learning_rate)
+
+    # ---- real steps (WARMUP, FULL, CORRECT) ----------------------------------------------------
+
+    def _real_step(
+        self,
+        phase: Phase,
+        loss: float | None,
+        grad_norm: float | None,
+        lr: float,
+        optimizer_step: Callable[[], None],
+        skip_nonfinite: bool,
+    ) -> StepOutcome:
+        self.counts["backward_run"] += 1
+        reasons: list[str] = []
+        rolled_back = False
+        finite = loss is not None and math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm))
+        if phase is Phase.CORRECT and self.config.rollback and self._regressed(loss):
+            self._rollback()
+            rolled_back = True
+            reasons.append("loss regressed over the predict phase")
+        if not finite:
+            self.counts["nonfinite_real_steps"] += 1
+            reasons.append(f"non-finite loss/grad norm ({loss}, {grad_norm})")
+            if not skip_nonfinite:
+                optimizer_step()
+                self._sync_last_theta()
+            if self.controller.in_predict_phase and self.config.rollback and not rolled_back:
+                self._rollback()
+                rolled_back = True
+            report = self.monitor.check(loss, grad_norm)
+            self._close_predict_phase(rolled_back=True, skill=0.0)
+            self.controller.force_full(self.config.schedule.full_steps)
+            self.steps_since_real = 0
+            return StepOutcome(phase, loss, False, rolled_back, report.level, tuple(reasons + report.reasons))
+
+        steps_ahead = self.steps_since_real + 1
+        predicted = self._safe_predict(steps_ahead) if phase is not Phase.WARMUP else None
+        optimizer_step()
+        delta = self._sync_last_theta()
+        residual = Residual(
+            self.controller.steps_decided,
+            phase.value,
+            steps_ahead,
+            *delta_dot_products(predicted, delta),
+            loss,
+            self.last_predicted_loss,
+        )
+        if phase is not Phase.WARMUP:
+            self.store.add(residual)
+            self.corrector.update(residual)
+        self.predictor.observe(delta)
+        self.steps_since_real = 0
+        prediction_error = None if self.last_predicted_loss is None else abs(loss - self.last_predicted_loss)
+        self.dynamics.observe(loss, lr, grad_norm, phase.index)
+        report = self.monitor.check(loss, grad_norm, prediction_error)
+        self.last_measured_loss = loss
+        self._react(report, may_roll_back=phase is Phase.CORRECT and not rolled_back)
+        if phase is Phase.CORRECT:
+            self._after_correct(residual, rolled_back)
+        return StepOutcome(phase, loss, True, rolled_back, report.level, tuple(reasons + report.reasons))
+
+    def _after_correct(self, residual: Residual, rolled_back: bool) -> None:
+        if rolled_back or self.controller.predict_remaining == 0:
+            self._close_predict_phase(rolled_back, residual.skill(self.corrector.scale))
+        else:
+            self.guard.take_snapshot()  # intermediate CORRECT: the validated state is the new rollback point
+
+    # ---- predicted steps ------------------------------------------------------------------------
+
+    def _predict_step(self, loss: float | None, lr: float) -> StepOutcome:
+        self.counts["backward_skipped"] += 1
+        self.counts["predict_checked" if loss is not None else "predict_blind"] += 1
+        self.last_predicted_loss = self._phase_forecast(self.phase_state["predicted"])
+        self.phase_state["predicted"] += 1
+        report = None
+        if loss is not None:
+            error = None
+            if math.isfinite(loss) and self.last_predicted_loss is not None:
+                error = abs(loss - self.last_predicted_loss)
+            report = self.monitor.check(loss, None, error)
+            self.phase_state["losses"].append(loss)
+            self.last_measured_loss = loss
+            if math.isfinite(loss):
+                self.dynamics.observe(loss, lr, None, Phase.PREDICT.index)
+            if report.level >= DivergenceLevel.WARNING:
+                rolled_back = report.level >= DivergenceLevel.CRITICAL and self.config.rollback
+                if rolled_back:
+                    self._rollback()
+                self._close_predict_phase(rolled_back=True, skill=0.0)
+                self.controller.force_full(self.config.schedule.full_steps)
+                return StepOutcome(
+                    Phase.PREDICT, loss, False, rolled_back, report.level, tuple(report.reasons)
+                )
+            if report.level is DivergenceLevel.CAUTION:
+                self.controller.shorten()
+        level = DivergenceLevel.NORMAL if report is None else report.level
+        reasons = () if report is None else tuple(report.reasons)
+        steps_ahead = self.steps_since_real + 1
+        self.steps_since_real += 1
+        predicted = self._safe_predict(steps_ahead)
+        if predicted is None:
+            return StepOutcome(Phase.PREDICT, loss, False, False, level, reasons)
+        scaled = {name: t * self.corrector.scale for name, t in predicted.items()}
+        result, applied = self.guard.apply(scaled, self.config.max_delta)
+        if not result.applied:
+            return self._refuse(loss, result.reason)
+        self.counts["clipped_tensors"] += result.clipped_tensors
+        for name, d in applied.items():
+            self.last_theta[name].add_(d)
+        return StepOutcome(Phase.PREDICT, loss, True, False, level, reasons)
+
+    def _safe_predict(self, steps_ahead: int) -> dict[str, torch.Tensor] | None:
+        """A predictor that raises is treated like one that returned garbage: refused, reset."""
+        try:
+            return self.predictor.predict(steps_ahead)
+        except Exception as exc:  # noqa: BLE001 - any predictor failure must end in a safe fallback
+            logger.warning("predictor %r raised %r; resetting it", self.config.predictor, exc)
+            self.counts["predictor_errors"] += 1
+            self.predictor.reset()
+            if self.controller.in_predict_phase:
+                self.controller.force_full(self.config.schedule.full_steps)
+            return None
+
+    def _refuse(self, loss: float | None, reason: str) -> StepOutcome:
+        logger.warning("refused a predicted update: %s; rolling back and training fully", reason)
+        self.counts["refused_updates"] += 1
+        self.predictor.reset()
+        rolled_back = self.config.rollback
+        if rolled_back:
+            self._rollback()
+        self._close_predict_phase(rolled_back=True, skill=0.0)
+        self.controller.force_full(self.config.schedule.full_steps)
+        return StepOutcome(Phase.PREDICT, loss, False, rolled_back, DivergenceLevel.CRITICAL, (reason,))
+
+    # ---- phase bookkeeping ----------------------------------------------------------------------
+
+    def _choose_horizon(self, cap: int) -> int:
+        s = self.config.schedule
+        return self.bandit.select(cap) if self.config.use_bandit else min(cap, s.max_predict_steps)
+
+    def _open_predict_phase(self) -> None:
+        self.guard.take_snapshot()
+        mean, std = self.monitor.loss_stats()
+        horizon = self.controller.horizon
+        self.phase_state = {
+            "horizon": horizon,
+            "predicted": 0,
+            "losses": [],
+            "pre_mean": mean,
+            "pre_std": std,
+            "forecast": self._forecast(horizon + 1),
+        }
+        self.counts["predict_phases"] += 1
+
+    def _close_predict_phase(self, rolled_back: bool, skill: float) -> None:
+        if not self.phase_state:
+            return
+        predicted = self.phase_state["predicted"]
+        if self.config.use_bandit and self.phase_state["horizon"] in self.bandit.arms:
+            reward = phase_reward(predicted, self.config.schedule.full_steps, rolled_back, skill)
+            self.bandit.update(self.phase_state["horizon"], reward)
+        if rolled_back:
+            self.controller.shorten()
+        else:
+            self.controller.relax()
+        self.guard.drop_snapshot()
+        self.phase_state = {}
+
+    def _forecast(self, horizon: int) -> list[float | None]:
+        if not self.dynamics.num_observed:
+            return [None] * horizon
+        return [_finite_or_none(x) for x in self.dynamics.forecast(horizon).mean]
+
+    def _phase_forecast(self, index: int) -> float | None:
+        forecast = self.phase_state["forecast"]
+        return forecast[min(index, len(forecast) - 1)]
+
+    def _regressed(self, loss: float | None) -> bool:
+        """Did the loss over the phase (checked predict steps + this one) rise past tolerance?"""
+        if loss is None or not math.isfinite(loss):
+            return True
+        pre_mean, pre_std = self.phase_state.get("pre_mean"), self.phase_state.get("pre_std")
+        if pre_mean is None or not math.isfinite(pre_mean) or not math.isfinite(pre_std):
+            return False
+        measured = [x for x in self.phase_state["losses"] if math.isfinite(x)] + [loss]
+        mean = sum(measured) / len(measured)
+        return mean > pre_mean + self.config.divergence_sigma * pre_std / math.sqrt(len(measured))
+
+    def _rollback(self) -> None:
+        if not self.guard.has_snapshot:
+            return
+        self.guard.restore_snapshot()
+        for name, buf in self.last_theta.items():
+            buf.copy_(self.guard.snapshot[name])
+        self.corrector.penalize()
+        self.counts["rollbacks"] += 1
+        logger.info("rolled back to the snapshot taken at the start of the predict phase")
+
+    def _react(self, report: DivergenceReport, may_roll_back: bool) -> None:
+        self.last_report = report
+        if report.level >= DivergenceLevel.WARNING:
+            self.counts["forced_full"] += 1
+            if may_roll_back and report.level >= DivergenceLevel.CRITICAL and self.config.rollback:
+                self._rollback()
+            self._close_predict_phase(rolled_back=True, skill=0.0)
+            self.controller.force_full(self.config.schedule.full_steps)
+        elif report.level is DivergenceLevel.CAUTION:
+            self.controller.shorten()
+
+    @torch.no_grad()
+    def _sync_last_theta(self) -> dict[str, torch.Tensor]:
+        """Real update of the step just taken (fp32), and remember the new parameters."""
+        self.guard.forget_compensation()
+        delta = {}
+        for name, p in self.params.items():
+            current = p.detach().float()
+            delta[name] = current - self.last_theta[name]
+            self.last_theta[name].copy_(current)
+        return delta
+
+    def _is_checked_predict_step(self) -> bool:
+        every = self.config.check_every
+        return every > 0 and self.controller.predicted_since_correct % every == 0
+
+    # ---- what the outside sees ------------------------------------------------------------------
+
+    def confidence(self) -> float:
+        """Measured: mean recent skill of the predictor, capped by the loss model's calibration."""
+        confidence = self.corrector.confidence(self.store)
+        if self.dynamics.trusted:
+            confidence = min(confidence, self._loss_calibration())
+        return confidence
+
+    def _loss_calibration(self) -> float:
+        """Share of recent predicted-step losses inside the loss model's forecast (1 with none yet)."""
+        recent = [r for r in self.store.recent(32) if r.loss_error is not None and r.phase == "correct"]
+        if not recent:
+            return 1.0
+        _, std = self.monitor.loss_stats()
+        tolerance = 2.0 * std if math.isfinite(std) and std > 0 else float("inf")
+        return sum(abs(r.loss_error) <= tolerance for r in recent) / len(recent)
+
+    def stats(self) -> dict[str, Any]:
+        """Plain counters (what `HybridHFTrainer.hybrid_stats()` returns)."""
+        steps = {p.value: self.counts[f"steps_{p.value}"] for p in Phase}
+        total = sum(steps.values())
+        run, skipped = self.counts["backward_run"], self.counts["backward_skipped"]
+        cost = run * FULL_STEP_COST + self.counts["predict_checked"] * CHECKED_PREDICT_COST
+        return {
+            "steps": total,
+            "steps_per_phase": steps,
+            "backward_run": run,
+            "backward_skipped": skipped,
+            "backward_skipped_fraction": skipped / max(run + skipped, 1),
+            "predict_checked": self.counts["predict_checked"],
+            "predict_blind": self.counts["predict_blind"],
+            "predict_phases": self.counts["predict_phases"],
+            "rollbacks": self.counts["rollbacks"],
+            "forced_full": self.counts["forced_full"],
+            "refused_updates": self.counts["refused_updates"],
+            "predictor_errors": self.counts["predictor_errors"],
+            "nonfinite_real_steps": self.counts["nonfinite_real_steps"],
+            "clipped_tensors": self.counts["clipped_tensors"],
+            "compute_saved_fraction": 1.0 - cost / max((run + skipped) * FULL_STEP_COST, 1.0),
+            "predictor_bytes": self.predictor.nbytes(),
+            "engine_bytes": self.nbytes(),
+        }
+
+    def metrics(self) -> dict[str, float]:
+        """Scalars for the training log (keys without the `hybrid/` prefix)."""
+        stats = self.stats()
+        recent = self.store.recent(16)
+        errors = self.dynamics.errors()
+        out: dict[str, float] = {
+            "phase": float(self.controller.phase.index if self.controller.phase else 0),
+            "confidence": self.confidence(),
+            "horizon": float(self.controller.horizon),
+            "horizon_cap": float(self.controller.horizon_cap),
+            "corrector_scale": self.corrector.scale,
+            "backward_skipped": float(stats["backward_skipped"]),
+            "backward_skipped_fraction": stats["backward_skipped_fraction"],
+            "compute_saved_fraction": stats["compute_saved_fraction"],
+            "rollbacks": float(stats["rollbacks"]),
+            "divergence_level": float(self.last_report.level if self.last_report else 0),
+            "predictor_bytes": float(stats["predictor_bytes"]),
+            "engine_bytes": float(stats["engine_bytes"]),
+            "dynamics_trusted": float(self.dynamics.trusted),
+            "dynamics_mae": errors["gru_mae"],
+            "dynamics_baseline_mae": min(errors["last_value_mae"], errors["ema_mae"]),
+        }
+        for phase, count in stats["steps_per_phase"].items():
+            out[f"steps_{phase}"] = float(count)
+        if recent:
+            out["update_cosine"] = sum(r.cosine for r in recent) / len(recent)
+            out["update_norm_ratio"] = sum(r.norm_ratio for r in recent) / len(recent)
+            out["update_skill"] = sum(r.skill(self.corrector.scale) for r in recent) / len(recent)
+        if self.last_predicted_loss is not None:
+            out["predicted_loss"] = self.last_predicted_loss
+        if self.last_measured_loss is not None:
+            out["measured_loss"] = self.last_measured_loss
+        return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
+
+    def nbytes(self) -> int:
+        theta = sum(t.numel() * t.element_size() for t in self.last_theta.values())
+        return theta + self.predictor.nbytes() + self.guard.nbytes() + self.dynamics.nbytes()
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None

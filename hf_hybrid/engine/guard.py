@@ -1,0 +1,132 @@
+"""Safety around every predicted update: trust region, NaN guard, snapshot and rollback.
+
+Applying a delta is all-or-nothing: every tensor is checked before any is written, so a refused
+delta leaves the model exactly as it was. The arithmetic is fp32; for low-precision parameters the
+rounding error of each write is carried to the next one (compensated summation), so updates smaller
+than one bf16 ulp are not silently lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    applied: bool
+    clipped_tensors: int = 0
+    reason: str = ""
+
+
+def clip_to_trust_region(
+    delta: torch.Tensor, param: torch.Tensor, max_delta: float
+) -> tuple[torch.Tensor, bool]:
+    """Cap a predicted delta per element and per tensor, relative to the parameter it moves.
+
+    Per element: |delta_i| <= max_delta * max(|theta_i|, rms(theta)) (the rms floor lets entries at
+    zero move, e.g. a LoRA B matrix). Per tensor: ||delta|| <= max_delta * ||theta||.
+    """
+    theta = param.detach().float()
+    rms = theta.pow(2).mean().sqrt()
+    element_cap = theta.abs().clamp_min(rms) * max_delta
+    clipped = torch.maximum(torch.minimum(delta, element_cap), -element_cap)
+    tensor_cap = max_delta * float(theta.norm())
+    norm = float(clipped.norm())
+    if norm > tensor_cap > 0:
+        clipped = clipped * (tensor_cap / norm)
+    changed = not torch.equal(clipped, delta)
+    return clipped, changed
+
+
+class ParameterGuard:
+    """Owns the trainable parameters' safety state: snapshot, compensation buffers, delta application."""
+
+    def __init__(self, params: Mapping[str, torch.Tensor], snapshot_device: str = "same") -> None:
+        if snapshot_device not in ("same", "cpu"):
+            raise ValueError(f"`snapshot_device` must be 'same' or 'cpu', got {snapshot_device!r}")
+        self.params = dict(params)
+        self.snapshot_device = snapshot_device
+        self.snapshot: dict[str, torch.Tensor] = {}
+        self.compensation: dict[str, torch.Tensor] = {}
+
+    @property
+    def has_snapshot(self) -> bool:
+        return bool(self.snapshot)
+
+    def take_snapshot(self) -> None:
+        """Copy the trainable parameters (once per predict phase; rollback returns here)."""
+        for name, p in self.params.items():
+            target = p.device if self.snapshot_device == "same" else torch.device("cpu")
+            buf = self.snapshot.get(name)
+            if buf is None or buf.device != target:
+                buf = torch.empty_like(p, device=target)
+                self.snapshot[name] = buf
+            buf.copy_(p.detach())
+
+    @torch.no_grad()
+    def restore_snapshot(self) -> None:
+        """Put the parameters back exactly as they were at the snapshot."""
+        if not self.snapshot:
+            raise RuntimeError("restore_snapshot() called with no snapshot taken")
+        for name, p in self.params.items():
+            p.copy_(self.snapshot[name])
+        self.compensation.clear()
+
+    def drop_snapshot(self) -> None:
+        """Free the snapshot memory between predict phases."""
+        self.snapshot.clear()
+
+    @torch.no_grad()
+    def apply(
+        self, deltas: Mapping[str, torch.Tensor], max_delta: float
+    ) -> tuple[ApplyResult, dict[str, torch.Tensor]]:
+        """Apply predicted deltas within the trust region, or nothing at all.
+
+        Returns the result and the deltas actually applied (after clipping), for the residuals.
+        """
+        unknown = set(deltas) - set(self.params)
+        if unknown:
+            return ApplyResult(False, reason=f"delta for unknown parameters {sorted(unknown)[:3]}"), {}
+        clipped_count = 0
+        final: dict[str, torch.Tensor] = {}
+        for name, delta in deltas.items():
+            p = self.params[name]
+            if delta.shape != p.shape:
+                return ApplyResult(
+                    False, reason=f"delta shape {tuple(delta.shape)} != {tuple(p.shape)} for {name}"
+                ), {}
+            delta = delta.to(device=p.device, dtype=torch.float32)
+            if not bool(torch.isfinite(delta).all()):
+                return ApplyResult(False, reason=f"non-finite predicted delta for {name}"), {}
+            delta, clipped = clip_to_trust_region(delta, p, max_delta)
+            clipped_count += int(clipped)
+            if not bool(torch.isfinite(self._target(name, p, delta).to(p.dtype)).all()):
+                return ApplyResult(False, reason=f"update would make {name} non-finite"), {}
+            final[name] = delta
+        for name, delta in final.items():
+            p = self.params[name]
+            target = self._target(name, p, delta)
+            p.copy_(target)
+            if p.dtype != torch.float32:
+                self.compensation[name] = target - p.float()
+        return ApplyResult(True, clipped_tensors=clipped_count), final
+
+    def _target(self, name: str, p: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        """The fp32 value the parameter should take, with the carried rounding error of its last write."""
+        target = p.detach().float() + delta
+        carry = self.compensation.get(name)
+        if carry is not None:
+            target = target + carry
+        return target
+
+    def forget_compensation(self) -> None:
+        """A real optimizer step rewrote the parameters; old rounding errors no longer apply."""
+        self.compensation.clear()
+
+    def nbytes(self) -> int:
+        return sum(
+            t.numel() * t.element_size() for t in (*self.snapshot.values(), *self.compensation.values())
+        )

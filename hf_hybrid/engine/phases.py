@@ -1,0 +1,172 @@
+"""The phase state machine: which kind of optimizer step comes next.
+
+WARMUP -> FULL -> PREDICT -> CORRECT -> FULL ... The controller only counts and decides; it never
+touches parameters. It is fed scalars that are identical on every rank (confidence, history length),
+so every rank takes the same decision without communicating.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from enum import Enum
+from typing import Any
+
+
+class Phase(str, Enum):
+    """Kind of one optimizer step."""
+
+    WARMUP = "warmup"
+    FULL = "full"
+    PREDICT = "predict"
+    CORRECT = "correct"
+
+    @property
+    def index(self) -> int:
+        return list(Phase).index(self)
+
+    @property
+    def runs_backward(self) -> bool:
+        return self is not Phase.PREDICT
+
+
+@dataclass(frozen=True)
+class PhaseSchedule:
+    """Budgets of the cycle; validated by `HybridTrainingArguments` before they get here."""
+
+    warmup_steps: int = 100
+    full_steps: int = 20
+    min_predict_steps: int = 2
+    max_predict_steps: int = 16
+    confidence_threshold: float = 0.85
+    correction_interval: int = 0
+    min_history: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("warmup_steps", "full_steps", "correction_interval", "min_history"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"`{name}` must be >= 0, got {getattr(self, name)}")
+        if not 1 <= self.min_predict_steps <= self.max_predict_steps:
+            raise ValueError(
+                "need 1 <= `min_predict_steps` <= `max_predict_steps`, got "
+                f"{self.min_predict_steps} and {self.max_predict_steps}"
+            )
+
+
+class PhaseController:
+    """Decides the phase of each optimizer step, once per step.
+
+    A predict phase is entered only after warmup, after `full_steps` real steps since the last phase,
+    with at least `min_history` observed real updates and a measured confidence at or above the
+    threshold. It lasts `horizon` predicted steps (chosen by the caller, capped by `horizon_cap`),
+    broken by a CORRECT step every `correction_interval` predicted steps and closed by one.
+    """
+
+    def __init__(self, schedule: PhaseSchedule) -> None:
+        self.schedule = schedule
+        self.steps_decided = 0
+        self.phase: Phase | None = None
+        self.full_remaining = 0
+        self.predict_remaining = 0
+        self.predicted_since_correct = 0
+        self.forced_full_remaining = 0
+        self.horizon = 0
+        self.horizon_cap = schedule.max_predict_steps
+
+    @property
+    def in_predict_phase(self) -> bool:
+        """True from the first PREDICT step until the CORRECT step that closes the phase."""
+        return self.phase is Phase.PREDICT or (self.phase is Phase.CORRECT and self.predict_remaining > 0)
+
+    def decide(self, confidence: float, history: int, choose_horizon: Callable[[int], int]) -> Phase:
+        """Phase of the next optimizer step; `choose_horizon(cap)` is asked only when a phase opens."""
+        phase = self._next_phase(confidence, history, choose_horizon)
+        self.phase = phase
+        self.steps_decided += 1
+        return phase
+
+    def _next_phase(self, confidence: float, history: int, choose_horizon: Callable[[int], int]) -> Phase:
+        s = self.schedule
+        if self.steps_decided < s.warmup_steps:
+            return Phase.WARMUP
+        if self.phase is Phase.WARMUP:
+            self.full_remaining = s.full_steps
+        if self.forced_full_remaining > 0:
+            self.forced_full_remaining -= 1
+            return Phase.FULL
+        if self.phase is Phase.PREDICT:
+            interval_done = (
+                s.correction_interval > 0 and self.predicted_since_correct >= s.correction_interval
+            )
+            if self.predict_remaining == 0 or interval_done:
+                self.predicted_since_correct = 0
+                return Phase.CORRECT
+            return self._predict()
+        if self.phase is Phase.CORRECT and self.predict_remaining > 0:
+            return self._predict()
+        if self.phase is Phase.CORRECT:
+            self.full_remaining = s.full_steps
+        if self.full_remaining > 0:
+            self.full_remaining -= 1
+            return Phase.FULL
+        if history >= s.min_history and confidence >= s.confidence_threshold:
+            horizon = int(choose_horizon(self.horizon_cap))
+            self.horizon = max(s.min_predict_steps, min(horizon, self.horizon_cap))
+            self.predict_remaining = self.horizon
+            return self._predict()
+        return Phase.FULL
+
+    def _predict(self) -> Phase:
+        self.predict_remaining -= 1
+        self.predicted_since_correct += 1
+        return Phase.PREDICT
+
+    def force_full(self, steps: int) -> None:
+        """Escape hatch: the next `steps` steps are FULL; an open predict phase is abandoned."""
+        if steps < 0:
+            raise ValueError(f"`steps` must be >= 0, got {steps}")
+        self.forced_full_remaining = max(self.forced_full_remaining, steps)
+        self.predict_remaining = 0
+        self.predicted_since_correct = 0
+        if self.phase in (Phase.PREDICT, Phase.CORRECT):
+            self.phase = Phase.FULL
+            self.full_remaining = self.schedule.full_steps
+
+    def shorten(self) -> None:
+        """Halve the rest of an open predict phase and the cap on later horizons."""
+        self.predict_remaining //= 2
+        self.horizon_cap = max(self.schedule.min_predict_steps, self.horizon_cap // 2)
+
+    def relax(self) -> None:
+        """After a phase that went well, let the cap grow back towards the maximum."""
+        self.horizon_cap = min(self.schedule.max_predict_steps, self.horizon_cap * 2)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "schedule": asdict(self.schedule),
+            "steps_decided": self.steps_decided,
+            "phase": None if self.phase is None else self.phase.value,
+            "full_remaining": self.full_remaining,
+            "predict_remaining": self.predict_remaining,
+            "predicted_since_correct": self.predicted_since_correct,
+            "forced_full_remaining": self.forced_full_remaining,
+            "horizon": self.horizon,
+            "horizon_cap": self.horizon_cap,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["schedule"] != asdict(self.schedule):
+            raise ValueError(
+                f"phase schedule differs: saved {state['schedule']}, configured {asdict(self.schedule)}"
+            )
+        self.steps_decided = int(state["steps_decided"])
+        self.phase = None if state["phase"] is None else Phase(state["phase"])
+        for key in (
+            "full_remaining",
+            "predict_remaining",
+            "predicted_since_correct",
+            "forced_full_remaining",
+            "horizon",
+            "horizon_cap",
+        ):
+            setattr(self, key, int(state[key]))

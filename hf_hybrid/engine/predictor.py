@@ -1,0 +1,258 @@
+"""Weight-delta predictors: guess the next optimizer updates from the real ones seen so far.
+
+Every predictor observes the *real* update of each real optimizer step (a dict name -> fp32 tensor)
+and, asked for the update `steps_ahead` steps after the last real one, returns a dict of the same
+shapes (or None for "no update"). Buffers are fp32 whatever the model dtype, so small updates are not
+rounded away, and are keyed by parameter name, never by `id()`.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+
+Deltas = dict[str, torch.Tensor]
+
+
+class DeltaPredictor(ABC):
+    """Interface every predictor implements; register new ones with `@register_predictor`."""
+
+    name: ClassVar[str]
+
+    def __init__(self) -> None:
+        self.observed = 0
+
+    @abstractmethod
+    def observe(self, deltas: Mapping[str, torch.Tensor]) -> None:
+        """Learn from the real update of one optimizer step."""
+
+    @abstractmethod
+    def predict(self, steps_ahead: int) -> Deltas | None:
+        """The update expected `steps_ahead` (>= 1) steps after the last observed one."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Forget everything (after its output was refused or the run diverged)."""
+
+    @abstractmethod
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Buffers to checkpoint, flat-named."""
+
+    @abstractmethod
+    def load_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None: ...
+
+    def extra_state(self) -> dict[str, Any]:
+        """JSON-able scalars to checkpoint next to `tensors()`."""
+        return {}
+
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "observed": self.observed, "extra": self.extra_state(), **self.tensors()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state["name"] != self.name:
+            raise ValueError(f"predictor state is for {state['name']!r}, this predictor is {self.name!r}")
+        self.observed = int(state["observed"])
+        self.load_extra_state(state["extra"])
+        self.load_tensors({k: v for k, v in state.items() if isinstance(v, torch.Tensor)})
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+
+
+PREDICTORS: dict[str, type[DeltaPredictor]] = {}
+
+
+def register_predictor(cls: type[DeltaPredictor]) -> type[DeltaPredictor]:
+    PREDICTORS[cls.name] = cls
+    return cls
+
+
+def build_predictor(name: str, **kwargs: Any) -> DeltaPredictor:
+    if name not in PREDICTORS:
+        raise ValueError(f"unknown predictor {name!r}; available: {sorted(PREDICTORS)}")
+    return PREDICTORS[name](**kwargs)
+
+
+@register_predictor
+class NullPredictor(DeltaPredictor):
+    """Applies no update: the control every real predictor must beat (a predict step = a skipped batch)."""
+
+    name = "null"
+
+    def observe(self, deltas: Mapping[str, torch.Tensor]) -> None:
+        self.observed += 1
+
+    def predict(self, steps_ahead: int) -> Deltas | None:
+        return None
+
+    def reset(self) -> None:
+        self.observed = 0
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def load_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        return None
+
+
+@register_predictor
+class EMAPredictor(DeltaPredictor):
+    """Bias-corrected EMA of the real updates, damped by `decay` per predicted step.
+
+    Why damped: with no new gradient, Adam's first moment would shrink by beta1 per step, so an
+    undamped replay of the recent update overshoots (measured: loss spikes at horizons > 4).
+    """
+
+    name = "ema"
+
+    def __init__(self, beta: float = 0.9, decay: float = 0.9) -> None:
+        super().__init__()
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"`beta` must be in [0, 1), got {beta}")
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"`decay` must be in (0, 1], got {decay}")
+        self.beta = beta
+        self.decay = decay
+        self.ema: Deltas = {}
+
+    def observe(self, deltas: Mapping[str, torch.Tensor]) -> None:
+        for name, delta in deltas.items():
+            buf = self.ema.get(name)
+            if buf is None:
+                self.ema[name] = torch.zeros_like(delta, dtype=torch.float32)
+                buf = self.ema[name]
+            buf.mul_(self.beta).add_(delta.float(), alpha=1.0 - self.beta)
+        self.observed += 1
+
+    def predict(self, steps_ahead: int) -> Deltas | None:
+        if self.observed == 0:
+            return None
+        bias_correction = 1.0 - self.beta**self.observed
+        factor = self.decay**steps_ahead / bias_correction
+        return {name: buf * factor for name, buf in self.ema.items()}
+
+    def reset(self) -> None:
+        self.ema.clear()
+        self.observed = 0
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f"ema.{name}": buf for name, buf in self.ema.items()}
+
+    def load_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        self.ema = {key.removeprefix("ema."): t.float().clone() for key, t in tensors.items()}
+
+
+@register_predictor
+class LowRankPredictor(DeltaPredictor):
+    """Per tensor, the top-`rank` subspace of the last `window` updates; coefficients extrapolated.
+
+    The subspace comes from the small (window x window) Gram matrix of the recent updates, so no
+    SVD of a large matrix is needed. The coefficient series is fit by a least-squares line and read
+    `steps_ahead` past its end, shrunk by `decay`**steps_ahead (extrapolating a line overshoots).
+    """
+
+    name = "lowrank"
+
+    def __init__(self, window: int = 8, rank: int = 2, decay: float = 0.9) -> None:
+        super().__init__()
+        if window < 2:
+            raise ValueError(f"`window` must be >= 2, got {window}")
+        if not 1 <= rank <= window:
+            raise ValueError(f"`rank` must be in [1, window={window}], got {rank}")
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"`decay` must be in (0, 1], got {decay}")
+        self.window = window
+        self.rank = rank
+        self.decay = decay
+        self.history: Deltas = {}
+
+    def observe(self, deltas: Mapping[str, torch.Tensor]) -> None:
+        slot = self.observed % self.window
+        for name, delta in deltas.items():
+            buf = self.history.get(name)
+            if buf is None:
+                buf = torch.zeros((self.window, *delta.shape), dtype=torch.float32, device=delta.device)
+                self.history[name] = buf
+            buf[slot].copy_(delta)
+        self.observed += 1
+
+    def _ordered(self, buf: torch.Tensor) -> torch.Tensor:
+        """The filled rows, oldest first, flattened to (n, numel)."""
+        n = min(self.observed, self.window)
+        start = self.observed % self.window if self.observed >= self.window else 0
+        order = [(start + i) % self.window for i in range(n)]
+        return buf[order].reshape(n, -1)
+
+    def predict(self, steps_ahead: int) -> Deltas | None:
+        if self.observed < 2:
+            return None
+        out: Deltas = {}
+        for name, buf in self.history.items():
+            rows = self._ordered(buf)
+            weights = self._weights(rows, steps_ahead)
+            out[name] = (weights @ rows).reshape(buf.shape[1:])
+        return out
+
+    def _weights(self, rows: torch.Tensor, steps_ahead: int) -> torch.Tensor:
+        """Mixing weights w (n,) such that the prediction is w @ rows."""
+        n = rows.shape[0]
+        gram = (rows.double() @ rows.double().T).cpu()
+        eigvals, eigvecs = torch.linalg.eigh(gram)
+        keep = eigvals > eigvals.max().clamp_min(1e-30) * 1e-6
+        eigvals, eigvecs = eigvals[keep][-self.rank :], eigvecs[:, keep][:, -self.rank :]
+        if eigvals.numel() == 0:
+            return torch.zeros(n, dtype=rows.dtype, device=rows.device)
+        coeffs = eigvecs * eigvals.sqrt()  # (n, r): coefficient of each update on each basis vector
+        t = torch.arange(n, dtype=torch.float64)
+        t_centered = t - t.mean()
+        slope = (t_centered[:, None] * coeffs).sum(0) / (t_centered**2).sum()
+        target = coeffs.mean(0) + slope * (n - 1 + steps_ahead - t.mean())
+        weights = eigvecs @ (target / eigvals.sqrt()) * self.decay**steps_ahead
+        return weights.to(dtype=rows.dtype, device=rows.device)
+
+    def reset(self) -> None:
+        self.history.clear()
+        self.observed = 0
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {f"history.{name}": buf for name, buf in self.history.items()}
+
+    def load_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        self.history = {key.removeprefix("history."): t.float().clone() for key, t in tensors.items()}
+
+
+def delta_dot_products(
+    predicted: Mapping[str, torch.Tensor] | None, real: Mapping[str, torch.Tensor]
+) -> tuple[float, float, float]:
+    """(<p, d>, <p, p>, <d, d>) summed over all tensors in float64, read back with one device sync."""
+    sums: list[torch.Tensor] = []
+    for name, d in real.items():
+        d64 = d.double()
+        p64 = None if predicted is None or name not in predicted else predicted[name].double()
+        zero = d64.new_zeros(())
+        sums.append(
+            torch.stack(
+                [
+                    zero if p64 is None else (p64 * d64).sum(),
+                    zero if p64 is None else (p64 * p64).sum(),
+                    (d64 * d64).sum(),
+                ]
+            ).cpu()
+        )
+    if not sums:
+        return 0.0, 0.0, 0.0
+    pd, pp, dd = torch.stack([x.to(sums[0].device) for x in sums]).sum(0).tolist()
+    return pd, pp, dd
+
+
+def cosine(pd: float, pp: float, dd: float) -> float:
+    """Cosine similarity from dot products; 0 when either side is zero."""
+    denom = math.sqrt(pp * dd)
+    return pd / denom if denom > 0 else 0.0

@@ -1,0 +1,123 @@
+"""Residuals (what really happened minus what was predicted) and the corrector fed by them.
+
+The quantity that decides everything downstream is the *skill* of a predicted update p against the
+real update d of the same step: 1 - ||s*p - d||^2 / ||d||^2, with s the corrector's current scale.
+Skill 1 is a perfect guess, 0 is as good as applying nothing (the null predictor), below 0 is worse
+than skipping the batch. Confidence is the mean recent skill, so it is measured, never assumed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Residual:
+    """One scored prediction."""
+
+    step: int
+    phase: str
+    steps_ahead: int
+    pd: float  # <predicted, real>
+    pp: float  # <predicted, predicted>
+    dd: float  # <real, real>
+    loss_actual: float | None = None
+    loss_predicted: float | None = None
+
+    def skill(self, scale: float) -> float:
+        if self.dd <= 0:
+            return 0.0
+        return 1.0 - (scale * scale * self.pp - 2.0 * scale * self.pd + self.dd) / self.dd
+
+    @property
+    def cosine(self) -> float:
+        denom = math.sqrt(self.pp * self.dd)
+        return self.pd / denom if denom > 0 else 0.0
+
+    @property
+    def norm_ratio(self) -> float:
+        return math.sqrt(self.pp / self.dd) if self.dd > 0 else 0.0
+
+    @property
+    def loss_error(self) -> float | None:
+        if self.loss_actual is None or self.loss_predicted is None:
+            return None
+        return self.loss_actual - self.loss_predicted
+
+
+class ResidualStore:
+    """Bounded store of recent residuals; old ones fall off so confidence tracks the current regime."""
+
+    def __init__(self, capacity: int = 256) -> None:
+        if capacity < 1:
+            raise ValueError(f"`capacity` must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._items: deque[Residual] = deque(maxlen=capacity)
+        self.total = 0
+
+    def add(self, residual: Residual) -> None:
+        self._items.append(residual)
+        self.total += 1
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def recent(self, n: int | None = None, phase: str | None = None) -> list[Residual]:
+        items = [r for r in self._items if phase is None or r.phase == phase]
+        return items if n is None else items[-n:]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"capacity": self.capacity, "total": self.total, "items": [asdict(r) for r in self._items]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._items = deque((Residual(**r) for r in state["items"]), maxlen=self.capacity)
+        self.total = int(state["total"])
+
+
+class Corrector:
+    """Online rescaling of the predictor from its residuals.
+
+    `scale` tracks the least-squares multiplier <p,d>/<p,p> of recent predictions (clamped to
+    [0, max_scale]), so a predictor that overshoots is damped and one pointing the wrong way is
+    turned off (scale 0 -> skill 0 -> no predict phase). A rollback halves it at once.
+    """
+
+    def __init__(self, rate: float = 0.2, max_scale: float = 1.0, window: int = 16) -> None:
+        if not 0.0 < rate <= 1.0:
+            raise ValueError(f"`rate` must be in (0, 1], got {rate}")
+        if max_scale <= 0:
+            raise ValueError(f"`max_scale` must be > 0, got {max_scale}")
+        self.rate = rate
+        self.max_scale = max_scale
+        self.window = window
+        self.scale = max_scale
+        self.rollbacks = 0
+
+    def update(self, residual: Residual) -> None:
+        if residual.pp <= 0 or not math.isfinite(residual.pd / residual.pp):
+            return
+        best = min(max(residual.pd / residual.pp, 0.0), self.max_scale)
+        self.scale += self.rate * (best - self.scale)
+
+    def penalize(self) -> None:
+        """A predict phase had to be rolled back."""
+        self.scale *= 0.5
+        self.rollbacks += 1
+
+    def confidence(self, store: ResidualStore) -> float:
+        """Mean skill of the recent predictions at the current scale, clamped to [0, 1]."""
+        recent = store.recent(self.window)
+        if not recent:
+            return 0.0
+        mean_skill = sum(r.skill(self.scale) for r in recent) / len(recent)
+        return min(max(mean_skill, 0.0), 1.0)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scale": self.scale, "rollbacks": self.rollbacks}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scale = float(state["scale"])
+        self.rollbacks = int(state["rollbacks"])

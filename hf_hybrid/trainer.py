@@ -1,0 +1,260 @@
+"""HybridHFTrainer: the only module that knows `transformers.Trainer` internals.
+
+It does not copy the training loop. It hooks in at four places (see shared notes on 5.x):
+`_prepare_for_training` (build the engine once the model and optimizer are prepared, wrap
+`optimizer.step`), `training_step` (full step, forward-only step or no forward, by phase),
+`_clip_grad_norm`/`_get_grad_norm` (skipped in predicted steps, whose gradients do not exist) and the
+wrapped `optimizer.step` (where the engine applies the real or the predicted update). The learning
+rate schedule keeps advancing in every phase because the loop calls `lr_scheduler.step()` as usual.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import Trainer, TrainingArguments
+from transformers.trainer_callback import ProgressCallback, TrainerCallback
+
+from .args import HybridArgumentsMixin, upcast_training_args
+from .engine.engine import HybridEngine, StepOutcome, StepPlan
+from .engine.phases import Phase
+
+logger = logging.getLogger(__name__)
+
+
+class HybridHFTrainer(Trainer):
+    """`transformers.Trainer` whose optimizer steps go through the hybrid phase machine.
+
+    Takes everything `Trainer` takes, plus `peft_config` (wraps the model with peft, as TRL does).
+    A plain `TrainingArguments` is upcast with the hybrid defaults; `hybrid_enabled=False` is the
+    plain Trainer.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | None = None,
+        args: TrainingArguments | None = None,
+        *more: Any,
+        peft_config: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        args = upcast_training_args(args)
+        if peft_config is not None:
+            model = _wrap_with_peft(model, peft_config)
+        super().__init__(model, args, *more, **kwargs)
+        self.engine: HybridEngine | None = None
+        self.hybrid_timeline: list[dict[str, Any]] = []
+        self._plan: StepPlan | None = None
+        self._planned_step = -1
+        self._window_losses: list[torch.Tensor] = []
+        self._last_grad_norm: float | None = None
+        self._last_window_loss: float | None = None
+        self._real_optimizer_step: Any = None
+        if self.hybrid_args.hybrid_enabled:
+            self.add_callback(_PhaseProgressCallback(self))
+
+    @property
+    def hybrid_args(self) -> HybridArgumentsMixin:
+        return self.args  # type: ignore[return-value]
+
+    # ---- set-up and tear-down around the (unchanged) loop ---------------------------------------
+
+    def _inner_training_loop(self, *args: Any, **kwargs: Any) -> Any:
+        """Thin wrapper: whatever happens, the optimizer gets its own `step` back."""
+        try:
+            return super()._inner_training_loop(*args, **kwargs)
+        finally:
+            self._unwrap_optimizer_step()
+
+    def _prepare_for_training(
+        self, max_steps: int, train_dataloader: Any, resume_from_checkpoint: Any
+    ) -> Any:
+        model, train_dataloader = super()._prepare_for_training(
+            max_steps, train_dataloader, resume_from_checkpoint
+        )
+        if self.hybrid_args.hybrid_enabled:
+            self._start_engine(model)
+        return model, train_dataloader
+
+    def _start_engine(self, model: nn.Module) -> None:
+        if self.is_deepspeed_enabled:
+            logger.warning(
+                "hf_hybrid: DeepSpeed keeps fp32 master weights inside its optimizer, so a predicted update "
+                "written into the model would be overwritten; predict phases are off and this run trains "
+                "exactly like the plain Trainer."
+            )
+            self.engine = None
+            return
+        unwrapped = self.accelerator.unwrap_model(model)
+        params = {name: p for name, p in unwrapped.named_parameters() if p.requires_grad}
+        if not params:
+            raise ValueError(
+                "HybridHFTrainer: the model has no trainable parameter (all have requires_grad=False); "
+                "unfreeze some parameters or pass a peft_config"
+            )
+        self.engine = HybridEngine(params, self.hybrid_args.engine_config())
+        self.hybrid_timeline = []
+        self._planned_step = -1
+        self._plan = None
+        self._real_optimizer_step = self.optimizer.step
+        self.optimizer.step = self._hybrid_optimizer_step  # runs exactly where the real step would
+
+    def _unwrap_optimizer_step(self) -> None:
+        if self._real_optimizer_step is not None and self.optimizer is not None:
+            self.optimizer.step = self._real_optimizer_step
+        self._real_optimizer_step = None
+
+    # ---- one micro-batch ------------------------------------------------------------------------
+
+    def training_step(
+        self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None = None
+    ) -> torch.Tensor:
+        if self.engine is None:
+            return super().training_step(model, inputs, num_items_in_batch)
+        plan = self._current_plan()
+        if plan.phase.runs_backward:
+            loss = super().training_step(model, inputs, num_items_in_batch)
+        elif plan.measure_loss:
+            loss = self._forward_only_step(model, inputs, num_items_in_batch)
+        else:
+            return self._blind_step_loss()
+        self._window_losses.append(loss)
+        return loss
+
+    def _current_plan(self) -> StepPlan:
+        """The phase is decided once per optimizer step, on its first micro-batch, on every rank."""
+        if self._planned_step != self.state.global_step or self._plan is None:
+            self._plan = self.engine.begin_step()
+            self._planned_step = self.state.global_step
+            self._window_losses = []
+        return self._plan
+
+    def _forward_only_step(
+        self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None
+    ) -> torch.Tensor:
+        """The forward half of `Trainer.training_step`, under no_grad, with the same loss scaling."""
+        model.train()
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        if self.args.n_gpu > 1:
+            loss = loss.mean()
+        if not self._loss_is_scaled_for_ga(num_items_in_batch):
+            loss = loss / self.current_gradient_accumulation_steps
+        return loss.detach()
+
+    def _loss_is_scaled_for_ga(self, num_items_in_batch: torch.Tensor | int | None) -> bool:
+        if self.loss_is_scaled_for_ga is not None:
+            return bool(self.loss_is_scaled_for_ga)
+        return (
+            self.model_accepts_loss_kwargs and num_items_in_batch is not None
+        ) or self.compute_loss_func is not None
+
+    def _blind_step_loss(self) -> torch.Tensor:
+        """A blind predicted step measures nothing: the logged loss carries the last measured value."""
+        value = self._last_window_loss if self._last_window_loss is not None else float("nan")
+        return torch.tensor(value / self.current_gradient_accumulation_steps, device=self.args.device)
+
+    # ---- the optimizer-step point ---------------------------------------------------------------
+
+    def _clip_grad_norm(self, model: nn.Module) -> Any:
+        if self._in_predicted_step():
+            return None  # no gradients exist; clipping would also break a fp16 GradScaler
+        return super()._clip_grad_norm(model)
+
+    def _get_grad_norm(self, model: nn.Module, grad_norm: Any = None) -> Any:
+        if self._in_predicted_step():
+            self._last_grad_norm = None
+            return None
+        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        self._last_grad_norm = None if grad_norm is None else float(grad_norm)
+        return grad_norm
+
+    def _in_predicted_step(self) -> bool:
+        return self.engine is not None and self._plan is not None and not self._plan.phase.runs_backward
+
+    def _hybrid_optimizer_step(self, *args: Any, **kwargs: Any) -> None:
+        plan = self._plan
+        loss = self._reduced_window_loss()
+        if loss is not None:
+            self._last_window_loss = loss
+        outcome = self.engine.finish_step(
+            loss,
+            self._last_grad_norm if plan.phase.runs_backward else None,
+            self._get_learning_rate(),
+            lambda: self._real_optimizer_step(*args, **kwargs),
+            skip_nonfinite_step=self.accelerator.scaler is None,
+        )
+        self._record(outcome)
+        self._plan = None
+
+    def _reduced_window_loss(self) -> float | None:
+        """Loss of this optimizer step, averaged over ranks so every rank feeds the engine the same value."""
+        if not self._window_losses:
+            return None
+        loss = torch.stack(self._window_losses).sum()
+        self._window_losses = []
+        if self.accelerator.num_processes > 1:
+            loss = self.accelerator.reduce(loss, reduction="mean")
+        return float(loss)
+
+    def _record(self, outcome: StepOutcome) -> None:
+        self.hybrid_timeline.append(
+            {
+                "step": self.state.global_step + 1,
+                "phase": outcome.phase.value,
+                "loss": outcome.loss,
+                "predicted_loss": self.engine.last_predicted_loss,
+                "rolled_back": outcome.rolled_back,
+                "level": int(outcome.level),
+            }
+        )
+
+    # ---- what users see -------------------------------------------------------------------------
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """Training logs get the `hybrid/*` metrics (identical on every rank by construction)."""
+        if self.engine is not None and "loss" in logs:
+            logs.update({f"hybrid/{key}": value for key, value in self.engine.metrics().items()})
+        super().log(logs, start_time)
+
+    def hybrid_stats(self) -> dict[str, Any]:
+        """Plain dict of counters: steps per phase, backward passes run/skipped, rollbacks, bytes..."""
+        if self.engine is None:
+            return {"enabled": False, "steps_per_phase": {p.value: 0 for p in Phase}, "backward_skipped": 0}
+        return {"enabled": True, **self.engine.stats()}
+
+
+class _PhaseProgressCallback(TrainerCallback):
+    """Shows the phase and the share of skipped backward passes on the tqdm bar users already watch."""
+
+    def __init__(self, trainer: HybridHFTrainer) -> None:
+        self.trainer = trainer
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        engine = self.trainer.engine
+        if engine is None or not state.is_world_process_zero:
+            return
+        for callback in self.trainer.callback_handler.callbacks:
+            bar = getattr(callback, "training_bar", None) if isinstance(callback, ProgressCallback) else None
+            if bar is not None:
+                stats = engine.stats()
+                phase = engine.controller.phase.value if engine.controller.phase else "-"
+                bar.set_postfix(
+                    phase=phase, skipped=f"{stats['backward_skipped_fraction']:.0%}", refresh=False
+                )
+
+
+def _wrap_with_peft(model: nn.Module | None, peft_config: Any) -> nn.Module:
+    from peft import PeftModel, get_peft_model
+
+    if model is None:
+        raise ValueError("`peft_config` needs a `model` to wrap")
+    if isinstance(model, PeftModel):
+        raise ValueError(
+            "the model is already a PeftModel and a `peft_config` was passed too; pass one or the other"
+        )
+    return get_peft_model(model, peft_config)
