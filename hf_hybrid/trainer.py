@@ -100,7 +100,13 @@ class HybridHFTrainer(Trainer):
         self._planned_step = -1
         self._plan = None
         self._real_optimizer_step = self.optimizer.step
-        self.optimizer.step = self._hybrid_optimizer_step  # runs exactly where the real step would
+
+        def step(*args: Any, **kwargs: Any) -> None:
+            self._hybrid_optimizer_step(*args, **kwargs)
+
+        # The real step below is still the LR scheduler's wrapper; tell the scheduler so.
+        step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
+        self.optimizer.step = step  # runs exactly where the real step would
 
     def _unwrap_optimizer_step(self) -> None:
         if self._real_optimizer_step is not None and self.optimizer is not None:
