@@ -17,7 +17,7 @@ _EXPORTS = {
     "HybridHFTrainer": "hf_hybrid.trainer",
     "Phase": "hf_hybrid.engine.phases",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = ["HybridArgumentsMixin", "HybridHFTrainer", "HybridTrainingArguments", "Phase"]
 
 if TYPE_CHECKING:
     from .args import HybridArgumentsMixin, HybridTrainingArguments

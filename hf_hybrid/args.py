@@ -91,6 +91,14 @@ class HybridArgumentsMixin:
         metadata={"help": "Choose the horizon with a UCB1 bandit; False always uses the largest allowed."},
     )
 
+    hybrid_restart_engine: bool = field(
+        default=False,
+        metadata={
+            "help": "On resume, ignore the saved hybrid state and start the engine fresh (needed after "
+            "changing the hybrid configuration or the trainable parameters)."
+        },
+    )
+
     def __post_init__(self) -> None:
         self.validate_hybrid_args()
         super().__post_init__()  # type: ignore[misc]
@@ -118,7 +126,7 @@ class HybridArgumentsMixin:
             )
         if self.hybrid_seed is not None:
             _check_int(self, "hybrid_seed", 0, 2**63 - 1)
-        for name in ("hybrid_enabled", "hybrid_rollback", "hybrid_use_bandit"):
+        for name in ("hybrid_enabled", "hybrid_rollback", "hybrid_use_bandit", "hybrid_restart_engine"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"`{name}` must be True or False, got {getattr(self, name)!r}")
 

@@ -19,6 +19,14 @@ from transformers import Trainer, TrainingArguments
 from transformers.trainer_callback import ProgressCallback, TrainerCallback
 
 from .args import HybridArgumentsMixin, upcast_training_args
+from .checkpoint import (
+    HybridCheckpointError,
+    HybridStateCallback,
+    load_engine_state,
+    load_timeline,
+    save_engine_state,
+    save_timeline,
+)
 from .engine.engine import HybridEngine, StepOutcome, StepPlan
 from .engine.phases import Phase
 
@@ -51,10 +59,11 @@ class HybridHFTrainer(Trainer):
         self._planned_step = -1
         self._window_losses: list[torch.Tensor] = []
         self._last_grad_norm: float | None = None
-        self._last_window_loss: float | None = None
         self._real_optimizer_step: Any = None
+        self._resume_checkpoint: str | None = None
         if self.hybrid_args.hybrid_enabled:
             self.add_callback(_PhaseProgressCallback(self))
+            self.add_callback(HybridStateCallback())
 
     @property
     def hybrid_args(self) -> HybridArgumentsMixin:
@@ -99,6 +108,9 @@ class HybridHFTrainer(Trainer):
         self.hybrid_timeline = []
         self._planned_step = -1
         self._plan = None
+        if self._resume_checkpoint is not None:
+            self._restore_engine(self._resume_checkpoint)
+            self._resume_checkpoint = None
         self._real_optimizer_step = self.optimizer.step
 
         def step(*args: Any, **kwargs: Any) -> None:
@@ -161,7 +173,8 @@ class HybridHFTrainer(Trainer):
 
     def _blind_step_loss(self) -> torch.Tensor:
         """A blind predicted step measures nothing: the logged loss carries the last measured value."""
-        value = self._last_window_loss if self._last_window_loss is not None else float("nan")
+        last = self.engine.last_measured_loss
+        value = last if last is not None else float("nan")
         return torch.tensor(value / self.current_gradient_accumulation_steps, device=self.args.device)
 
     # ---- the optimizer-step point ---------------------------------------------------------------
@@ -185,8 +198,6 @@ class HybridHFTrainer(Trainer):
     def _hybrid_optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         plan = self._plan
         loss = self._reduced_window_loss()
-        if loss is not None:
-            self._last_window_loss = loss
         outcome = self.engine.finish_step(
             loss,
             self._last_grad_norm if plan.phase.runs_backward else None,
@@ -218,6 +229,53 @@ class HybridHFTrainer(Trainer):
                 "level": int(outcome.level),
             }
         )
+
+    # ---- checkpoints: the hybrid state travels with every HF checkpoint --------------------------
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        """Runs on every rank, before trainer_state.json is written, hub-pushed and rotated."""
+        super()._save_optimizer_and_scheduler(output_dir)
+        if self.engine is None:
+            return
+        entry = save_engine_state(self.engine.state_dict(), output_dir, write_files=self.args.should_save)
+        self._state_callback().engine_state = entry
+        if self.args.should_save:
+            save_timeline(self.hybrid_timeline, output_dir)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)
+        self._resume_checkpoint = checkpoint  # the engine is built (and restored) right after
+
+    def _restore_engine(self, checkpoint: str) -> None:
+        saved = self.state.stateful_callbacks.get(HybridStateCallback.__name__) or {}
+        entry = saved.get("attributes", {}).get("engine_state") if isinstance(saved, dict) else None
+        if self.hybrid_args.hybrid_restart_engine:
+            logger.warning("hf_hybrid: hybrid_restart_engine=True, the engine starts fresh at %s", checkpoint)
+            return
+        if entry is None:
+            logger.warning(
+                "hf_hybrid: %s has no hybrid state (saved by the plain Trainer?); the engine starts fresh "
+                "with warmup at this step",
+                checkpoint,
+            )
+            return
+        state = load_engine_state(entry, checkpoint)
+        try:
+            self.engine.load_state_dict(state)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise HybridCheckpointError(
+                f"cannot resume the hybrid engine from {checkpoint}: {exc}. Resume with the same hybrid "
+                "configuration and trainable parameters, or set `hybrid_restart_engine=True` to start afresh."
+            ) from exc
+        self.hybrid_timeline = load_timeline(checkpoint)
+
+    def _state_callback(self) -> HybridStateCallback:
+        for callback in self.callback_handler.callbacks:
+            if isinstance(callback, HybridStateCallback):
+                return callback
+        callback = HybridStateCallback()
+        self.add_callback(callback)
+        return callback
 
     # ---- what users see -------------------------------------------------------------------------
 

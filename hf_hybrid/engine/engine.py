@@ -27,6 +27,7 @@ from .guard import ParameterGuard
 from .phases import Phase, PhaseController, PhaseSchedule
 from .predictor import build_predictor, delta_dot_products
 from .residuals import Corrector, Residual, ResidualStore
+from .state import FORMAT_VERSION
 
 logger = logging.getLogger(__name__)
 
@@ -436,6 +437,74 @@ class HybridEngine:
         if self.last_measured_loss is not None:
             out["measured_loss"] = self.last_measured_loss
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
+
+    # ---- checkpointing ---------------------------------------------------------------------------
+
+    def parameter_fingerprint(self) -> dict[str, list[int]]:
+        return {name: list(p.shape) for name, p in self.params.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly, mid-phase included (tensors and plain values)."""
+        if self.plan is not None:
+            raise RuntimeError("cannot save the engine in the middle of an optimizer step")
+        return {
+            "format_version": FORMAT_VERSION,
+            "config": self.config.fingerprint(),
+            "parameters": self.parameter_fingerprint(),
+            "controller": self.controller.state_dict(),
+            "bandit": self.bandit.state_dict(),
+            "predictor": self.predictor.state_dict(),
+            "dynamics": self.dynamics.state_dict(),
+            "monitor": self.monitor.state_dict(),
+            "store": self.store.state_dict(),
+            "corrector": self.corrector.state_dict(),
+            "snapshot": dict(self.guard.snapshot),
+            "compensation": dict(self.guard.compensation),
+            "last_theta": dict(self.last_theta),
+            "counts": dict(self.counts),
+            "steps_since_real": self.steps_since_real,
+            "phase_state": self.phase_state,
+            "last_predicted_loss": self.last_predicted_loss,
+            "last_measured_loss": self.last_measured_loss,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a saved engine; refuses a state that belongs to another configuration or model."""
+        version = state.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ValueError(
+                f"hybrid state format version {version!r} is not supported by this hf_hybrid "
+                f"(supports {FORMAT_VERSION}); upgrade hf_hybrid or start the engine fresh"
+            )
+        saved_config, config = state["config"], self.config.fingerprint()
+        if saved_config != config:
+            diff = {k: (saved_config.get(k), v) for k, v in config.items() if saved_config.get(k) != v}
+            raise ValueError(f"hybrid configuration differs from the checkpoint's (saved, now): {diff}")
+        saved_params, params = state["parameters"], self.parameter_fingerprint()
+        if saved_params != params:
+            missing = sorted(set(saved_params) - set(params))[:3]
+            extra = sorted(set(params) - set(saved_params))[:3]
+            reshaped = sorted(k for k in set(params) & set(saved_params) if saved_params[k] != params[k])[:3]
+            raise ValueError(
+                "trainable parameters differ from the checkpoint's: "
+                f"only in checkpoint {missing}, only in model {extra}, different shapes {reshaped}"
+            )
+        self.controller.load_state_dict(state["controller"])
+        self.bandit.load_state_dict(state["bandit"])
+        self.predictor.load_state_dict(state["predictor"])
+        self.dynamics.load_state_dict(state["dynamics"])
+        self.monitor.load_state_dict(state["monitor"])
+        self.store.load_state_dict(state["store"])
+        self.corrector.load_state_dict(state["corrector"])
+        self.guard.load_buffers(state["snapshot"], state["compensation"])
+        for name, buf in self.last_theta.items():
+            buf.copy_(state["last_theta"][name])
+        self.counts = Counter(state["counts"])
+        self.steps_since_real = int(state["steps_since_real"])
+        self.phase_state = dict(state["phase_state"])
+        self.last_predicted_loss = state["last_predicted_loss"]
+        self.last_measured_loss = state["last_measured_loss"]
+        self.plan = None
 
     def nbytes(self) -> int:
         theta = sum(t.numel() * t.element_size() for t in self.last_theta.values())

@@ -126,6 +126,22 @@ class ParameterGuard:
         """A real optimizer step rewrote the parameters; old rounding errors no longer apply."""
         self.compensation.clear()
 
+    def load_buffers(
+        self, snapshot: Mapping[str, torch.Tensor], compensation: Mapping[str, torch.Tensor]
+    ) -> None:
+        """Restore a saved snapshot and carried rounding errors onto the parameters' devices."""
+        for name, saved in (*snapshot.items(), *compensation.items()):
+            if name not in self.params or saved.shape != self.params[name].shape:
+                raise ValueError(f"saved guard buffer {name!r} does not match a trainable parameter")
+        device = {
+            n: (p.device if self.snapshot_device == "same" else torch.device("cpu"))
+            for n, p in self.params.items()
+        }
+        self.snapshot = {n: t.to(device[n], dtype=self.params[n].dtype).clone() for n, t in snapshot.items()}
+        self.compensation = {
+            n: t.to(self.params[n].device, torch.float32).clone() for n, t in compensation.items()
+        }
+
     def nbytes(self) -> int:
         return sum(
             t.numel() * t.element_size() for t in (*self.snapshot.values(), *self.compensation.values())

@@ -1,0 +1,62 @@
+"""Split an engine state into readable JSON and a flat dict of tensors, and join them back.
+
+Small state (phase, counters, bandit statistics...) belongs where people can read it
+(`trainer_state.json`); tensors belong in a safetensors file. A tensor inside the nested state is
+replaced by the string `"@tensor:<flat name>"`, so the JSON says where each tensor went.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+TENSOR_REF = "@tensor:"
+FORMAT_VERSION = 1
+
+
+def split_state(tree: Any, prefix: str = "") -> tuple[Any, dict[str, torch.Tensor]]:
+    """(JSON-able tree, {flat name: tensor}); non-finite floats become strings JSON can hold."""
+    tensors: dict[str, torch.Tensor] = {}
+
+    def walk(node: Any, path: str) -> Any:
+        if isinstance(node, torch.Tensor):
+            tensors[path] = node.detach().contiguous()
+            return TENSOR_REF + path
+        if isinstance(node, dict):
+            for key in node:
+                if not isinstance(key, str) or "/" in key:
+                    raise ValueError(f"state keys must be strings without '/', got {key!r} at {path!r}")
+            return {key: walk(value, f"{path}/{key}" if path else key) for key, value in node.items()}
+        if isinstance(node, list | tuple):
+            return [walk(value, f"{path}/{i}") for i, value in enumerate(node)]
+        if isinstance(node, float) and not math.isfinite(node):
+            return repr(node)
+        if node is None or isinstance(node, bool | int | float | str):
+            return node
+        raise TypeError(f"cannot store {type(node).__name__} at {path!r} in an engine state")
+
+    return walk(tree, prefix), tensors
+
+
+def join_state(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """Inverse of `split_state`; a missing tensor is an error that names it."""
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, str) and node.startswith(TENSOR_REF):
+            name = node[len(TENSOR_REF) :]
+            if name not in tensors:
+                raise KeyError(
+                    f"tensor {name!r} referenced by the engine state is missing from the tensor file"
+                )
+            return tensors[name]
+        if isinstance(node, str) and node in ("nan", "inf", "-inf"):
+            return float(node)
+        if isinstance(node, dict):
+            return {key: walk(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [walk(value) for value in node]
+        return node
+
+    return walk(tree)
