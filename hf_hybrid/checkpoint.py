@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,11 @@ from transformers.trainer_callback import ExportableState
 
 from .engine.state import FORMAT_VERSION, join_state, split_state
 
+logger = logging.getLogger(__name__)
+
 HYBRID_STATE_FILE = "hybrid_state.safetensors"
+TRAINER_STATE_FILE = "trainer_state.json"  # written last by Trainer._save_checkpoint
+_CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
 HYBRID_TIMELINE_FILE = "hybrid_timeline.json"
 
 
@@ -103,3 +109,41 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
+    """Newest `checkpoint-N` whose save finished; a folder left half-written by a crash is skipped.
+
+    `Trainer` writes trainer_state.json after everything else, so its presence (and, for a hybrid
+    checkpoint, the tensor file it points to) marks a complete save.
+    """
+    root = Path(output_dir)
+    if not root.is_dir():
+        return None
+    folders = [p for p in root.iterdir() if p.is_dir() and _CHECKPOINT_DIR.match(p.name)]
+    for folder in sorted(folders, key=lambda p: int(_CHECKPOINT_DIR.match(p.name).group(1)), reverse=True):
+        if _is_complete(folder):
+            return str(folder)
+        logger.warning("hf_hybrid: skipping %s, its save did not finish", folder)
+    return None
+
+
+def _is_complete(folder: Path) -> bool:
+    if not (folder / TRAINER_STATE_FILE).is_file():
+        return False
+    try:
+        entry = read_engine_entry(folder)
+    except (OSError, json.JSONDecodeError):
+        return False
+    return entry is None or (folder / entry.get("tensor_file", HYBRID_STATE_FILE)).is_file()
+
+
+def read_engine_entry(folder: str | os.PathLike) -> dict[str, Any] | None:
+    """The hybrid entry of a checkpoint's trainer_state.json, or None (no file, or a plain-Trainer save)."""
+    state_file = Path(folder) / TRAINER_STATE_FILE
+    if not state_file.is_file():
+        return None
+    state = json.loads(state_file.read_text())
+    saved = (state.get("stateful_callbacks") or {}).get(HybridStateCallback.__name__) or {}
+    entry = saved.get("attributes", {}).get("engine_state") if isinstance(saved, dict) else None
+    return entry if isinstance(entry, dict) else None

@@ -22,12 +22,14 @@ from .args import HybridArgumentsMixin, upcast_training_args
 from .checkpoint import (
     HybridCheckpointError,
     HybridStateCallback,
+    last_complete_checkpoint,
     load_engine_state,
     load_timeline,
+    read_engine_entry,
     save_engine_state,
     save_timeline,
 )
-from .engine.engine import HybridEngine, StepOutcome, StepPlan
+from .engine.engine import HybridEngine, StepOutcome, StepPlan, describe_mismatch
 from .engine.phases import Phase
 
 logger = logging.getLogger(__name__)
@@ -70,6 +72,33 @@ class HybridHFTrainer(Trainer):
         return self.args  # type: ignore[return-value]
 
     # ---- set-up and tear-down around the (unchanged) loop ---------------------------------------
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        """`resume_from_checkpoint=True` takes the newest checkpoint whose save finished."""
+        if resume_from_checkpoint is True and self.hybrid_args.hybrid_enabled:
+            resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir) or True
+        if isinstance(resume_from_checkpoint, str) and self.hybrid_args.hybrid_enabled:
+            self._check_resumable(resume_from_checkpoint)
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _check_resumable(self, checkpoint: str) -> None:
+        """Refuse a checkpoint whose hybrid state cannot fit, before its weights are even loaded."""
+        entry = read_engine_entry(checkpoint)
+        if entry is None or self.hybrid_args.hybrid_restart_engine:
+            return
+        state = entry.get("state") or {}
+        params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+        try:
+            problem = describe_mismatch(
+                state["config"], state["parameters"], self.hybrid_args.engine_config(), params
+            )
+        except (KeyError, TypeError) as exc:
+            problem = f"its hybrid state in trainer_state.json is damaged ({exc!r})"
+        if problem:
+            raise HybridCheckpointError(
+                f"cannot resume the hybrid engine from {checkpoint}: {problem}. Resume with the same hybrid "
+                "configuration and trainable parameters, or set `hybrid_restart_engine=True` to start afresh."
+            )
 
     def _inner_training_loop(self, *args: Any, **kwargs: Any) -> Any:
         """Thin wrapper: whatever happens, the optimizer gets its own `step` back."""
@@ -247,8 +276,7 @@ class HybridHFTrainer(Trainer):
         self._resume_checkpoint = checkpoint  # the engine is built (and restored) right after
 
     def _restore_engine(self, checkpoint: str) -> None:
-        saved = self.state.stateful_callbacks.get(HybridStateCallback.__name__) or {}
-        entry = saved.get("attributes", {}).get("engine_state") if isinstance(saved, dict) else None
+        entry = read_engine_entry(checkpoint)
         if self.hybrid_args.hybrid_restart_engine:
             logger.warning("hf_hybrid: hybrid_restart_engine=True, the engine starts fresh at %s", checkpoint)
             return

@@ -62,20 +62,26 @@ def hybrid_args(tmp_path: Any, **overrides: Any) -> HybridTrainingArguments:
 def plain_trainer(tmp_path: Any, model: torch.nn.Module | None = None, **overrides: Any) -> Trainer:
     train, _ = tiny_data()
     return Trainer(
-        model=model or tiny_gpt2(), args=TrainingArguments(**common_args(tmp_path, **overrides)), train_dataset=train
+        model=model or tiny_gpt2(),
+        args=TrainingArguments(**common_args(tmp_path, **overrides)),
+        train_dataset=train,
     )
 
 
 def hybrid_trainer(tmp_path: Any, model: torch.nn.Module | None = None, **overrides: Any) -> HybridHFTrainer:
     train, evaluation = tiny_data()
     return HybridHFTrainer(
-        model=model or tiny_gpt2(), args=hybrid_args(tmp_path, **overrides), train_dataset=train,
+        model=model or tiny_gpt2(),
+        args=hybrid_args(tmp_path, **overrides),
+        train_dataset=train,
         eval_dataset=evaluation,
     )
 
 
 def step_logs(trainer: Trainer, key: str) -> list[float]:
-    return [entry[key] for entry in trainer.state.log_history if key in entry and "train_runtime" not in entry]
+    return [
+        entry[key] for entry in trainer.state.log_history if key in entry and "train_runtime" not in entry
+    ]
 
 
 class EveryStep(TrainerCallback):
@@ -87,3 +93,14 @@ class EveryStep(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.fn(self.trainer)
+
+
+def lora_gpt2(rank: int = 4, seed: int = 0) -> torch.nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=rank, lora_alpha=2 * rank, target_modules=["c_attn"], fan_in_fan_out=True, task_type="CAUSAL_LM"
+    )
+    model = get_peft_model(tiny_gpt2(seed), config)
+    torch.manual_seed(seed)
+    return model

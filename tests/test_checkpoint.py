@@ -93,8 +93,146 @@ def test_a_changed_predictor_is_refused_and_restart_engine_accepts_it(straight_r
     out, _, saved = straight_run
     folder = str(out / f"checkpoint-{saved['correct']}")
     trainer = hybrid_trainer(tmp_path / "a", max_steps=40, hybrid_predictor="lowrank")
-    with pytest.raises(HybridCheckpointError, match=r"configuration differs.*'predictor': \('ema', 'lowrank'\)"):
+    with pytest.raises(
+        HybridCheckpointError, match=r"configuration differs.*'predictor': \('ema', 'lowrank'\)"
+    ):
         trainer.train(resume_from_checkpoint=folder)
-    trainer = hybrid_trainer(tmp_path / "b", max_steps=40, hybrid_predictor="lowrank", hybrid_restart_engine=True)
+    trainer = hybrid_trainer(
+        tmp_path / "b", max_steps=40, hybrid_predictor="lowrank", hybrid_restart_engine=True
+    )
     trainer.train(resume_from_checkpoint=folder)
     assert trainer.state.global_step == 40
+
+
+def _run_script(tmp_path, *args, check=True):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    result = tmp_path / f"result-{len(list(tmp_path.glob('result-*')))}.json"
+    script = Path(__file__).parent / "scripts" / "hybrid_run.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--result", str(result), *map(str, args)],
+        capture_output=True,
+        text=True,
+    )
+    if check:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, (json.loads(result.read_text()) if result.exists() else None)
+
+
+def test_resume_in_a_new_process_with_lora_and_accumulation(tmp_path):
+    out = tmp_path / "out"
+    _, straight = _run_script(tmp_path, "--out", out, "--lora", "--accumulation", "2", "--save-every", "15")
+    assert "predict" in straight["phases"][:15] and "predict" in straight["phases"][15:]
+    _, resumed = _run_script(
+        tmp_path, "--out", out, "--lora", "--accumulation", "2", "--resume", out / "checkpoint-15"
+    )
+    assert resumed["phases"] == straight["phases"]
+    assert len(resumed["losses"]) == 40
+    assert resumed["losses"] == straight["losses"]
+    assert resumed["params_sha256"] == straight["params_sha256"]
+    assert resumed["stats"] == straight["stats"]
+
+
+def test_sigkill_during_a_save_leaves_the_previous_checkpoint_resumable(tmp_path):
+    from hf_hybrid.checkpoint import last_complete_checkpoint
+
+    out = tmp_path / "out"
+    proc, _ = _run_script(
+        tmp_path,
+        "--out",
+        out,
+        "--max-steps",
+        "30",
+        "--save-every",
+        "10",
+        "--kill-in-save-at",
+        "20",
+        check=False,
+    )
+    assert proc.returncode == -9
+    assert (out / "checkpoint-20" / HYBRID_STATE_FILE).exists()  # the kill landed mid-save
+    assert not (out / "checkpoint-20" / "trainer_state.json").exists()
+    assert last_complete_checkpoint(out) == str(out / "checkpoint-10")
+    trainer = hybrid_trainer(out, max_steps=30, save_strategy="no")
+    trainer.train(resume_from_checkpoint=True)
+    assert trainer.state.global_step == 30
+    assert trainer.hybrid_stats()["steps"] == 30  # 10 restored from checkpoint-10, 20 trained now
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_plain_trainer_checkpoint_resumes_into_hybrid_with_a_fresh_engine(tmp_path, caplog):
+    from helpers import plain_trainer
+
+    plain = plain_trainer(tmp_path, max_steps=12, save_strategy="steps", save_steps=6)
+    plain.train()
+    hybrid = hybrid_trainer(tmp_path, max_steps=30, hybrid_warmup_steps=4)
+    with caplog.at_level("WARNING", logger="hf_hybrid.trainer"):
+        hybrid.train(resume_from_checkpoint=str(tmp_path / "checkpoint-6"))
+    assert "has no hybrid state" in caplog.text
+    assert hybrid.state.global_step == 30
+    assert hybrid.hybrid_stats()["steps"] == 24
+    assert hybrid.hybrid_timeline[0]["phase"] == "warmup"
+
+
+def test_hybrid_checkpoint_resumes_into_the_plain_trainer(straight_run, tmp_path):
+    from helpers import plain_trainer
+
+    out, _, saved = straight_run
+    plain = plain_trainer(tmp_path, max_steps=40, restore_callback_states_from_checkpoint=True)
+    plain.train(resume_from_checkpoint=str(out / f"checkpoint-{saved['mid_predict']}"))
+    assert plain.state.global_step == 40
+
+
+def test_another_lora_rank_is_refused(tmp_path):
+    from helpers import lora_gpt2
+
+    first = hybrid_trainer(
+        tmp_path, model=lora_gpt2(rank=4), max_steps=12, save_strategy="steps", save_steps=12
+    )
+    first.train()
+    second = hybrid_trainer(tmp_path / "b", model=lora_gpt2(rank=8), max_steps=20)
+    with pytest.raises(
+        HybridCheckpointError, match=r"trainable parameters differ.*different shapes \['base_model"
+    ):
+        second.train(resume_from_checkpoint=str(tmp_path / "checkpoint-12"))
+
+
+def _edit_entry(folder, edit):
+    path = folder / "trainer_state.json"
+    state = json.loads(path.read_text())
+    edit(state["stateful_callbacks"]["HybridStateCallback"]["attributes"]["engine_state"])
+    path.write_text(json.dumps(state))
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda e: e.update(format_version=99), r"format 99 is not supported"),
+        (lambda e: e["state"].pop("bandit"), r"cannot resume the hybrid engine.*'bandit'"),
+        (lambda e: e["state"]["predictor"].update(name="lowrank"), r"predictor state is for 'lowrank'"),
+    ],
+)
+def test_damaged_or_newer_state_entries_are_refused(straight_run, tmp_path, damage, message):
+    import shutil
+
+    out, _, saved = straight_run
+    folder = tmp_path / "checkpoint-x"
+    shutil.copytree(out / f"checkpoint-{saved['correct']}", folder)
+    _edit_entry(folder, damage)
+    trainer = hybrid_trainer(tmp_path / "run", max_steps=40)
+    with pytest.raises(HybridCheckpointError, match=message):
+        trainer.train(resume_from_checkpoint=str(folder))
+
+
+def test_a_missing_tensor_file_is_refused(straight_run, tmp_path):
+    import shutil
+
+    out, _, saved = straight_run
+    folder = tmp_path / "checkpoint-x"
+    shutil.copytree(out / f"checkpoint-{saved['correct']}", folder)
+    (folder / HYBRID_STATE_FILE).unlink()
+    trainer = hybrid_trainer(tmp_path / "run", max_steps=40)
+    with pytest.raises(HybridCheckpointError, match=r"hybrid_state.safetensors is missing"):
+        trainer.train(resume_from_checkpoint=str(folder))

@@ -198,6 +198,10 @@ class HybridEngine:
         return StepOutcome(phase, loss, True, rolled_back, report.level, tuple(reasons + report.reasons))
 
     def _after_correct(self, residual: Residual, rolled_back: bool) -> None:
+        if rolled_back:
+            # A rolled-back phase ends here, even at an intermediate CORRECT step: its snapshot and
+            # phase state are dropped below, so the controller must not go on predicting.
+            self.controller.predict_remaining = 0
         if rolled_back or self.controller.predict_remaining == 0:
             self._close_predict_phase(rolled_back, residual.skill(self.corrector.scale))
         else:
@@ -235,7 +239,12 @@ class HybridEngine:
         reasons = () if report is None else tuple(report.reasons)
         steps_ahead = self.steps_since_real + 1
         self.steps_since_real += 1
+        errors = self.counts["predictor_errors"]
         predicted = self._safe_predict(steps_ahead)
+        if self.counts["predictor_errors"] != errors:
+            # the predictor raised mid-phase: refuse like a non-finite prediction (roll back, close the
+            # phase and free its snapshot) instead of leaving the open phase's state behind
+            return self._refuse(loss, "the predictor raised")
         if predicted is None:
             return StepOutcome(Phase.PREDICT, loss, False, False, level, reasons)
         scaled = {name: t * self.corrector.scale for name, t in predicted.items()}
@@ -476,19 +485,9 @@ class HybridEngine:
                 f"hybrid state format version {version!r} is not supported by this hf_hybrid "
                 f"(supports {FORMAT_VERSION}); upgrade hf_hybrid or start the engine fresh"
             )
-        saved_config, config = state["config"], self.config.fingerprint()
-        if saved_config != config:
-            diff = {k: (saved_config.get(k), v) for k, v in config.items() if saved_config.get(k) != v}
-            raise ValueError(f"hybrid configuration differs from the checkpoint's (saved, now): {diff}")
-        saved_params, params = state["parameters"], self.parameter_fingerprint()
-        if saved_params != params:
-            missing = sorted(set(saved_params) - set(params))[:3]
-            extra = sorted(set(params) - set(saved_params))[:3]
-            reshaped = sorted(k for k in set(params) & set(saved_params) if saved_params[k] != params[k])[:3]
-            raise ValueError(
-                "trainable parameters differ from the checkpoint's: "
-                f"only in checkpoint {missing}, only in model {extra}, different shapes {reshaped}"
-            )
+        problem = describe_mismatch(state["config"], state["parameters"], self.config, self.params)
+        if problem:
+            raise ValueError(problem)
         self.controller.load_state_dict(state["controller"])
         self.bandit.load_state_dict(state["bandit"])
         self.predictor.load_state_dict(state["predictor"])
@@ -509,6 +508,30 @@ class HybridEngine:
     def nbytes(self) -> int:
         theta = sum(t.numel() * t.element_size() for t in self.last_theta.values())
         return theta + self.predictor.nbytes() + self.guard.nbytes() + self.dynamics.nbytes()
+
+
+def describe_mismatch(
+    saved_config: Mapping[str, Any],
+    saved_parameters: Mapping[str, list[int]],
+    config: EngineConfig,
+    params: Mapping[str, torch.Tensor],
+) -> str | None:
+    """Why a saved engine state cannot be used with this configuration and these parameters (None: it can)."""
+    now = config.fingerprint()
+    if dict(saved_config) != now:
+        diff = {k: (saved_config.get(k), v) for k, v in now.items() if saved_config.get(k) != v}
+        return f"hybrid configuration differs from the checkpoint's (saved, now): {diff}"
+    shapes = {name: list(p.shape) for name, p in params.items()}
+    if dict(saved_parameters) != shapes:
+        missing = sorted(set(saved_parameters) - set(shapes))[:3]
+        extra = sorted(set(shapes) - set(saved_parameters))[:3]
+        common = set(shapes) & set(saved_parameters)
+        reshaped = sorted(k for k in common if list(saved_parameters[k]) != shapes[k])[:3]
+        return (
+            "trainable parameters differ from the checkpoint's: "
+            f"only in checkpoint {missing}, only in model {extra}, different shapes {reshaped}"
+        )
+    return None
 
 
 def _finite_or_none(value: float) -> float | None:

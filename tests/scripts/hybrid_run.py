@@ -1,0 +1,85 @@
+"""A hybrid training run in its own process, for resume and crash tests.
+
+python hybrid_run.py --out DIR [--resume PATH|last] [--save-every N] [--kill-in-save-at STEP]
+                     [--lora] [--accumulation N] --result FILE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+from helpers import hybrid_trainer, lora_gpt2, step_logs, tiny_gpt2  # noqa: E402
+
+import hf_hybrid.trainer as trainer_module  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--max-steps", type=int, default=40)
+    parser.add_argument("--resume", default=None)
+    parser.add_argument("--save-every", type=int, default=0)
+    parser.add_argument("--kill-in-save-at", type=int, default=0)
+    parser.add_argument("--lora", action="store_true")
+    parser.add_argument("--accumulation", type=int, default=1)
+    parser.add_argument("--result", required=True)
+    opts = parser.parse_args()
+
+    model = lora_gpt2() if opts.lora else tiny_gpt2()
+    save = (
+        {"save_strategy": "steps", "save_steps": opts.save_every}
+        if opts.save_every
+        else {"save_strategy": "no"}
+    )
+    trainer = hybrid_trainer(
+        opts.out, model=model, max_steps=opts.max_steps, gradient_accumulation_steps=opts.accumulation, **save
+    )
+    if opts.kill_in_save_at:
+        _kill_inside_save(trainer, opts.kill_in_save_at)
+    resume = {"last": True, None: None}.get(opts.resume, opts.resume)
+    trainer.train(resume_from_checkpoint=resume)
+    digest = hashlib.sha256()
+    for name, p in sorted(trainer.model.named_parameters()):
+        digest.update(name.encode())
+        digest.update(p.detach().cpu().numpy().tobytes())
+    Path(opts.result).write_text(
+        json.dumps(
+            {
+                "losses": step_logs(trainer, "loss"),
+                "phases": [row["phase"] for row in trainer.hybrid_timeline],
+                "params_sha256": digest.hexdigest(),
+                "stats": trainer.hybrid_stats(),
+                "global_step": trainer.state.global_step,
+            }
+        )
+    )
+
+
+def _kill_inside_save(trainer, step: int) -> None:
+    """SIGKILL this process after the hybrid tensors of checkpoint-`step` were written, mid-save."""
+    original = trainer_module.save_engine_state
+
+    def save_then_die(state, folder, write_files):
+        entry = original(state, folder, write_files)
+        if trainer.state.global_step == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return entry
+
+    trainer_module.save_engine_state = save_then_die
+
+
+if __name__ == "__main__":
+    main()
