@@ -30,7 +30,7 @@ def stdlib_source_files() -> list[Path]:
     return sorted(files, key=lambda p: p.relative_to(root).as_posix())
 
 
-def _is_eval_file(path: Path, eval_percent: int) -> bool:
+def is_eval_file(path: Path, eval_percent: int) -> bool:
     digest = hashlib.sha256(path.name.encode()).digest()
     return digest[0] % 100 < eval_percent
 
@@ -46,7 +46,7 @@ def stdlib_lm_datasets(
     train: list[list[int]] = []
     evaluation: list[list[int]] = []
     for path in stdlib_source_files():
-        target = evaluation if _is_eval_file(path, eval_percent) else train
+        target = evaluation if is_eval_file(path, eval_percent) else train
         limit = eval_blocks if target is evaluation else train_blocks
         if len(target) >= limit:
             if len(train) >= train_blocks and len(evaluation) >= eval_blocks:

@@ -13,7 +13,6 @@ import logging
 import math
 import tempfile
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -36,7 +35,9 @@ NOT_A_BENCHMARK = (
 )
 
 
-def tiny_gpt2_config(n_embd: int = 64, n_layer: int = 2, n_head: int = 2, n_positions: int = 128) -> GPT2Config:
+def tiny_gpt2_config(
+    n_embd: int = 64, n_layer: int = 2, n_head: int = 2, n_positions: int = 128
+) -> GPT2Config:
     """The byte-level GPT-2 the demo and `hf-hybrid train --model_config tiny` build (no tokenizer)."""
     return GPT2Config(
         vocab_size=BYTE_VOCAB_SIZE,
@@ -58,8 +59,9 @@ class DemoSize:
     eval_blocks: int
     logging_steps: int
     # Hybrid settings that differ from the library defaults, chosen so the phase machine visibly cycles
-    # within a few hundred steps. The measured update skill of this model settles around 0.5-0.8
-    # after warmup, below the library's conservative 0.85, so the demo lowers the bar.
+    # within a few hundred steps. The measured confidence (update skill) of this model is ~0.5 right
+    # after warmup and settles at 0.27-0.39 (measured, seed 0), far below the library's conservative
+    # 0.85, so the demo lowers the bar to where the skill actually is.
     hybrid: dict[str, Any] = field(default_factory=dict)
 
 
@@ -67,10 +69,12 @@ _DEMO_HYBRID = {
     "hybrid_warmup_steps": 50,
     "hybrid_full_steps": 10,
     "hybrid_max_predict_steps": 8,
-    "hybrid_confidence_threshold": 0.5,
+    "hybrid_confidence_threshold": 0.3,
 }
 SIZES: dict[str, DemoSize] = {
-    "default": DemoSize(max_steps=600, train_blocks=4096, eval_blocks=128, logging_steps=60, hybrid=_DEMO_HYBRID),
+    "default": DemoSize(
+        max_steps=600, train_blocks=4096, eval_blocks=128, logging_steps=60, hybrid=_DEMO_HYBRID
+    ),
     # For the test suite: seconds, not minutes. Predict phases still happen (threshold 0).
     "tiny": DemoSize(
         max_steps=60,
@@ -158,7 +162,9 @@ def run_demo(
         row["wall_clock_ratio"] = row["wall_clock_s"] / plain_wall if plain_wall > 0 else math.nan
     results = {
         "size": size,
-        "model": {k: getattr(config, k) for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")},
+        "model": {
+            k: getattr(config, k) for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head")
+        },
         "num_parameters": rows[0]["num_parameters"],
         "max_steps": steps,
         "batch_size": batch_size,
@@ -213,13 +219,9 @@ def _run_one(
     trainer = trainer_cls(model=model, args=args, train_dataset=train, eval_dataset=evaluation)
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(_ShortLogProgress())
-    with warnings.catch_warnings():
-        # torch warns that `optimizer.step` was replaced after the scheduler was built: HybridHFTrainer does
-        # that on purpose (the predicted update is applied where the real step would run).
-        warnings.filterwarnings("ignore", message=".*optimizer.step\\(\\)` has been overridden.*")
-        start = time.perf_counter()
-        trainer.train()
-        wall = time.perf_counter() - start
+    start = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - start
     eval_loss = float(trainer.evaluate()["eval_loss"])
     steps = int(trainer.state.global_step)
     if isinstance(trainer, HybridHFTrainer):
@@ -261,7 +263,7 @@ def format_table(results: dict[str, Any]) -> list[str]:
         "rollbacks",
         "eval loss",
         "wall s",
-        "wall vs plain",
+        "wall / plain",
     ]
     body = []
     for row in results["rows"]:
@@ -285,7 +287,9 @@ def format_table(results: dict[str, Any]) -> list[str]:
     widths = [max(len(r[i]) for r in [headers, *body]) for i in range(len(headers))]
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
 
     rule = "-" * len(line(headers))
     return [line(headers), rule, *(line(r) for r in body), rule, results["note"]]
@@ -307,7 +311,9 @@ class _ShortLogProgress(ProgressCallback):
         ("hybrid/rollbacks", "rollbacks", "{:.0f}"),
     )
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+    def on_log(
+        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any
+    ) -> None:
         if not state.is_world_process_zero or self.training_bar is None or not logs or "loss" not in logs:
             return
         parts = [f"step {state.global_step}"]

@@ -1,0 +1,152 @@
+"""`hf-hybrid` end to end, in-process (a subprocess would pay the ~10 s transformers import again)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from hf_hybrid.cli import main
+from hf_hybrid.data import stdlib_source_files
+
+TRAIN_COMMON = [
+    "--report_to", "none",
+    "--use_cpu", "true",
+    "--save_strategy", "no",
+    "--disable_tqdm", "true",
+    "--per_device_train_batch_size", "4",
+    "--per_device_eval_batch_size", "4",
+    "--hybrid_warmup_steps", "2",
+    "--hybrid_full_steps", "1",
+    "--hybrid_min_history", "1",
+    "--hybrid_confidence_threshold", "0",
+]  # fmt: skip
+
+
+def _stats_line(stdout: str) -> dict:
+    lines = [line for line in stdout.splitlines() if line.startswith('{"hybrid_stats"')]
+    assert len(lines) == 1, stdout
+    return json.loads(lines[0])["hybrid_stats"]
+
+
+def _table_row(stdout: str, name: str) -> list[str]:
+    rows = [line.split() for line in stdout.splitlines() if re.match(rf"{name}\s+\d", line)]
+    assert len(rows) == 1, stdout
+    return rows[0]
+
+
+def test_version_and_help(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.startswith("hf-hybrid ")
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "train" in out and "demo" in out
+
+
+def test_demo_tiny_prints_both_rows_and_matching_json(tmp_path, capsys):
+    json_path = tmp_path / "table.json"
+    assert (
+        main(["demo", "--size", "tiny", "--output-dir", str(tmp_path / "demo"), "--json", str(json_path)])
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "not a benchmark" in out and "hf-hybrid bench" in out
+    # run, steps, warmup/full/predict/correct, backward run, skipped count, (skipped %), rollbacks, ...
+    plain, hybrid = _table_row(out, "plain"), _table_row(out, "hybrid")
+    warmup, full, predict, correct = (int(x) for x in hybrid[2].split("/"))
+    skipped = int(hybrid[4])
+    assert predict > 0 and skipped > 0
+    assert plain[2] == "-" and int(plain[4]) == 0
+
+    results = json.loads(json_path.read_text())
+    assert results == json.loads((tmp_path / "demo" / "demo_results.json").read_text())
+    rows = {row["run"]: row for row in results["rows"]}
+    assert set(rows) == {"plain", "hybrid"}
+    assert rows["hybrid"]["steps_per_phase"] == {
+        "warmup": warmup, "full": full, "predict": predict, "correct": correct
+    }  # fmt: skip
+    assert rows["hybrid"]["backward_skipped"] == skipped
+    assert rows["hybrid"]["backward_run"] == int(hybrid[3])
+    assert rows["plain"]["steps"] == rows["hybrid"]["steps"] == int(plain[1]) == int(hybrid[1])
+    assert f"{rows['hybrid']['eval_loss']:.4f}" in hybrid
+    assert "hybrid_confidence_threshold" in results["hybrid_settings_not_default"]
+
+
+def test_train_builtin_tiny_model_on_stdlib(tmp_path, capsys):
+    out_dir = tmp_path / "out"
+    argv = ["train", "--output_dir", str(out_dir), "--max_steps", "6", "--max_train_samples", "48",
+            "--max_eval_samples", "8", *TRAIN_COMMON]  # fmt: skip
+    assert main(argv) == 0
+    stats = _stats_line(capsys.readouterr().out)
+    assert stats["enabled"] is True and stats["steps"] == 6
+    assert (out_dir / "model.safetensors").is_file()
+    assert json.loads((out_dir / "hybrid_stats.json").read_text()) == stats
+    assert "eval_loss" in json.loads((out_dir / "eval_results.json").read_text())
+
+
+def _save_local_model(path: Path) -> None:
+    """A tiny GPT-2 and a byte-level BPE tokenizer trained on a few stdlib files: no download."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    texts = [p.read_text(encoding="utf-8", errors="replace") for p in stdlib_source_files()[:5]]
+    tok.train_from_iterator(texts, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+    tokenizer.save_pretrained(path)
+    config = GPT2Config(
+        vocab_size=tok.get_vocab_size(), n_positions=64, n_embd=32, n_layer=1, n_head=2,
+        bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    GPT2LMHeadModel(config).save_pretrained(path)
+
+
+def test_train_local_pretrained_model_with_its_tokenizer(tmp_path, capsys):
+    model_dir = tmp_path / "local-model"
+    _save_local_model(model_dir)
+    out_dir = tmp_path / "out"
+    argv = ["train", "--model_name_or_path", str(model_dir), "--output_dir", str(out_dir),
+            "--max_steps", "4", "--block_size", "32", "--max_train_samples", "32", "--max_eval_samples", "4",
+            *TRAIN_COMMON]  # fmt: skip
+    assert main(argv) == 0
+    stats = _stats_line(capsys.readouterr().out)
+    assert stats["steps"] == 4
+    assert (out_dir / "model.safetensors").is_file()
+    assert (out_dir / "tokenizer.json").is_file()  # the processing_class is saved with the model
+
+
+def test_train_from_json_argument_file_with_jsonl_dataset(tmp_path, capsys):
+    data = tmp_path / "corpus.jsonl"
+    texts = [p.read_text(encoding="utf-8", errors="replace") for p in stdlib_source_files()[5:25]]
+    data.write_text("".join(json.dumps({"body": t}) + "\n" for t in texts))
+    arguments = dict(
+        output_dir=str(tmp_path / "out"), max_steps=3, dataset=str(data), text_column="body",
+        block_size=64, max_train_samples=24, max_eval_samples=4, report_to="none", use_cpu=True,
+        save_strategy="no", disable_tqdm=True, per_device_train_batch_size=4, hybrid_warmup_steps=1,
+        hybrid_full_steps=1, hybrid_min_history=1, hybrid_confidence_threshold=0.0,
+    )  # fmt: skip
+    arg_file = tmp_path / "args.json"
+    arg_file.write_text(json.dumps(arguments))
+    assert main(["train", str(arg_file)]) == 0
+    stats = _stats_line(capsys.readouterr().out)
+    assert stats["steps"] == 3 and stats["steps_per_phase"]["warmup"] == 1
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+
+
+def test_train_rejects_bad_hybrid_flag_before_training(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--output_dir", str(tmp_path / "out"), "--hybrid_max_delta", "0"])
+    assert exc.value.code == 2
+    assert "hybrid_max_delta" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
