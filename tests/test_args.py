@@ -37,7 +37,9 @@ BAD_VALUES = [
 
 @pytest.mark.parametrize(("field", "value", "allowed"), BAD_VALUES)
 def test_each_bad_field_is_refused_naming_field_value_and_range(tmp_path, field, value, allowed):
-    with pytest.raises(ValueError, match=rf"`{field}` must be (an? )?{allowed}.*got {re.escape(repr(value))}"):
+    with pytest.raises(
+        ValueError, match=rf"`{field}` must be (an? )?{allowed}.*got {re.escape(repr(value))}"
+    ):
         HybridTrainingArguments(output_dir=str(tmp_path), report_to="none", **{field: value})
 
 
@@ -91,5 +93,3 @@ def test_engine_config_takes_the_training_seed_by_default(tmp_path):
     assert args.engine_config().seed == 11
     args = HybridTrainingArguments(output_dir=str(tmp_path), report_to="none", seed=11, hybrid_seed=4)
     assert args.engine_config().seed == 4
-
-

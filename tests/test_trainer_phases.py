@@ -61,15 +61,18 @@ class StepRecorder(TrainerCallback):
         if row["phase"] == "predict":
             state_now = self.trainer.optimizer.state
             record["opt_unchanged"] = all(
-                torch.equal(v, self.before["opt"][id(p)][k]) if torch.is_tensor(v) else v == self.before["opt"][id(p)][k]
+                torch.equal(v, self.before["opt"][id(p)][k])
+                if torch.is_tensor(v)
+                else v == self.before["opt"][id(p)][k]
                 for p, s in state_now.items()
                 for k, v in s.items()
             )
             new = self.applied[self.before["applied"] :]
             delta = new[0] if new else {}
             record["exact_delta"] = all(
-                torch.equal(after[n], self.before["params"][n] + delta[n]) if n in delta else
-                torch.equal(after[n], self.before["params"][n])
+                torch.equal(after[n], self.before["params"][n] + delta[n])
+                if n in delta
+                else torch.equal(after[n], self.before["params"][n])
                 for n in after
             )
             record["applied"] = bool(new)
@@ -205,7 +208,9 @@ class _ExplodingPredictor(EMAPredictor):
 def test_exploding_predicted_delta_is_held_to_the_trust_region(tmp_path):
     PREDICTORS[_ExplodingPredictor.name] = _ExplodingPredictor
     try:
-        trainer = hybrid_trainer(tmp_path, max_steps=40, hybrid_predictor="test_exploding", hybrid_max_delta=0.01)
+        trainer = hybrid_trainer(
+            tmp_path, max_steps=40, hybrid_predictor="test_exploding", hybrid_max_delta=0.01
+        )
         recorder = StepRecorder(trainer)
         trainer.add_callback(recorder)
         trainer.train()

@@ -1,0 +1,484 @@
+"""Tests for HybridEngine, driven by a plain PyTorch training loop (no transformers)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from hf_hybrid.engine.divergence import DivergenceLevel, DivergenceMonitor
+from hf_hybrid.engine.engine import EngineConfig, HybridEngine, StepOutcome, StepPlan
+from hf_hybrid.engine.guard import clip_to_trust_region
+from hf_hybrid.engine.phases import Phase, PhaseSchedule
+from hf_hybrid.engine.predictor import PREDICTORS, Deltas, EMAPredictor
+
+LR = 1e-2
+
+
+def _config(predictor: str = "ema", check_every: int = 1, **schedule: Any) -> EngineConfig:
+    kwargs: dict[str, Any] = {"warmup_steps": 10, "full_steps": 3, "confidence_threshold": 0.0}
+    kwargs.update(schedule)
+    return EngineConfig(schedule=PhaseSchedule(**kwargs), predictor=predictor, check_every=check_every)
+
+
+def _clone(params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {name: p.detach().clone() for name, p in params.items()}
+
+
+def _equal(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[n].detach(), b[n].detach()) for n in a)
+
+
+def _finite(params: Mapping[str, torch.Tensor]) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in params.values())
+
+
+def _optimizer_state(opt: torch.optim.Optimizer) -> dict[int, dict[str, Any]]:
+    return copy.deepcopy(opt.state_dict()["state"])
+
+
+def _same_optimizer_state(a: dict[int, dict[str, Any]], b: dict[int, dict[str, Any]]) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for key in a:
+        if a[key].keys() != b[key].keys():
+            return False
+        for name in a[key]:
+            x, y = a[key][name], b[key][name]
+            if not (torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y):
+                return False
+    return True
+
+
+@dataclass
+class Record:
+    plan: StepPlan
+    outcome: StepOutcome
+    before: dict[str, torch.Tensor]
+    after: dict[str, torch.Tensor]
+    optimizer_calls: int
+    expected_delta: dict[str, torch.Tensor] | None = None
+    optimizer_state_unchanged: bool | None = None
+
+
+@dataclass
+class Loop:
+    """A 2-layer MLP regression on fixed random data, trained by AdamW through the engine."""
+
+    config: EngineConfig
+    seed: int = 0
+    records: list[Record] = field(default_factory=list)
+    optimizer_calls: int = 0
+    optimizer_calls_in_predict: int = 0
+
+    def __post_init__(self) -> None:
+        gen = torch.Generator().manual_seed(self.seed)
+        with torch.random.fork_rng():
+            torch.manual_seed(self.seed)
+            self.model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+        self.x = torch.randn(64, 8, generator=gen)
+        self.y = self.x @ torch.randn(8, 1, generator=gen) + 0.1 * torch.randn(64, 1, generator=gen)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=LR)
+        self.params = dict(self.model.named_parameters())
+        self.engine = HybridEngine(self.params, self.config)
+        self._phase: Phase | None = None
+
+    def _optimizer_step(self) -> None:
+        self.optimizer_calls += 1
+        if self._phase is Phase.PREDICT:
+            self.optimizer_calls_in_predict += 1
+        self.opt.step()
+
+    def _loss(self) -> torch.Tensor:
+        return nn.functional.mse_loss(self.model(self.x), self.y)
+
+    def _expected_predicted_delta(self) -> dict[str, torch.Tensor] | None:
+        """What the engine should apply in this predict step, computed independently of the guard."""
+        engine = self.engine
+        try:
+            predicted = engine.predictor.predict(engine.steps_since_real + 1)
+        except RuntimeError:  # a faulty test predictor
+            return None
+        if predicted is None:
+            return None
+        scale = engine.corrector.scale
+        return {
+            n: clip_to_trust_region(t * scale, self.params[n], engine.config.max_delta)[0]
+            for n, t in predicted.items()
+        }
+
+    def step(self, loss_override: float | None = None, grad_norm_override: float | None = None) -> Record:
+        plan = self.engine.begin_step()
+        self._phase = plan.phase
+        before = _clone(self.params)
+        calls = self.optimizer_calls
+        expected = None
+        opt_state = None
+        if plan.phase.runs_backward:
+            self.opt.zero_grad()
+            loss = self._loss()
+            loss.backward()
+            grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), 1.0))
+            value: float | None = loss.item() if loss_override is None else loss_override
+            if grad_norm_override is not None:
+                grad_norm = grad_norm_override
+            outcome = self.engine.finish_step(value, grad_norm, LR, self._optimizer_step)
+        else:
+            value = None
+            if plan.measure_loss:
+                with torch.no_grad():
+                    value = self._loss().item()
+            if loss_override is not None:
+                value = loss_override
+            expected = self._expected_predicted_delta()
+            opt_state = _optimizer_state(self.opt)
+            outcome = self.engine.finish_step(value, None, LR, self._optimizer_step)
+        record = Record(plan, outcome, before, _clone(self.params), self.optimizer_calls - calls, expected)
+        if opt_state is not None:
+            record.optimizer_state_unchanged = _same_optimizer_state(opt_state, _optimizer_state(self.opt))
+        self.records.append(record)
+        return record
+
+    def run(self, steps: int) -> list[Record]:
+        return [self.step() for _ in range(steps)]
+
+    def run_until(self, condition: Any, limit: int = 200) -> None:
+        """Step until `condition(loop)` holds right after begin_step would be called next."""
+        for _ in range(limit):
+            if condition(self):
+                return
+            self.step()
+        raise AssertionError("condition never met")
+
+    def phases(self, start: int = 0) -> list[Phase]:
+        return [r.plan.phase for r in self.records[start:]]
+
+
+def _mid_phase_with_moved_params(loop: Loop) -> bool:
+    """Last step: an applied PREDICT step; the phase is still open and params differ from its snapshot."""
+    if not loop.records:
+        return False
+    last = loop.records[-1]
+    return (
+        last.plan.phase is Phase.PREDICT
+        and last.outcome.applied_update
+        and loop.engine.controller.phase is Phase.PREDICT
+        and loop.engine.controller.predict_remaining > 0
+        and not _equal(loop.engine.guard.snapshot, loop.params)
+    )
+
+
+@pytest.fixture(scope="module")
+def full_run() -> Loop:
+    loop = Loop(_config())
+    loop.run(200)
+    return loop
+
+
+class TestFullRun:
+    def test_every_phase_occurs(self, full_run: Loop) -> None:
+        phases = full_run.phases()
+        assert phases[:10] == [Phase.WARMUP] * 10
+        assert Phase.WARMUP not in phases[10:]
+        assert phases[10:13] == [Phase.FULL] * 3
+        assert {Phase.FULL, Phase.PREDICT, Phase.CORRECT} <= set(phases[10:])
+
+    def test_counts_add_up(self, full_run: Loop) -> None:
+        stats = full_run.engine.stats()
+        phases = full_run.phases()
+        assert stats["steps"] == 200 == sum(stats["steps_per_phase"].values())
+        assert stats["steps_per_phase"] == {p.value: phases.count(p) for p in Phase}
+        assert stats["backward_run"] + stats["backward_skipped"] == 200
+        assert stats["backward_skipped"] == phases.count(Phase.PREDICT) > 0
+        assert stats["backward_run"] == full_run.optimizer_calls
+        assert stats["predict_checked"] + stats["predict_blind"] == stats["backward_skipped"]
+        assert stats["predict_phases"] >= 2
+        assert 0.0 < stats["backward_skipped_fraction"] < 1.0
+        assert 0.0 < stats["compute_saved_fraction"] < stats["backward_skipped_fraction"]
+        assert stats["predictor_bytes"] == full_run.engine.predictor.nbytes() > 0
+
+    def test_phase_sequence_is_a_valid_cycle(self, full_run: Loop) -> None:
+        phases = full_run.phases()
+        for prev, cur in zip(phases[:-1], phases[1:], strict=True):
+            if cur is Phase.CORRECT:
+                assert prev is Phase.PREDICT
+            if cur is Phase.PREDICT:
+                assert prev in (Phase.FULL, Phase.PREDICT)
+
+    def test_predict_steps_never_call_the_optimizer(self, full_run: Loop) -> None:
+        assert full_run.optimizer_calls_in_predict == 0
+        for r in full_run.records:
+            assert r.optimizer_calls == (0 if r.plan.phase is Phase.PREDICT else 1)
+
+    def test_predict_steps_leave_optimizer_state_alone(self, full_run: Loop) -> None:
+        predict = [r for r in full_run.records if r.plan.phase is Phase.PREDICT]
+        assert predict and all(r.optimizer_state_unchanged for r in predict)
+
+    def test_applied_predict_steps_move_params_by_exactly_the_guarded_delta(self, full_run: Loop) -> None:
+        applied = [r for r in full_run.records if r.plan.phase is Phase.PREDICT and r.outcome.applied_update]
+        assert len(applied) >= 5
+        for r in applied:
+            assert r.expected_delta is not None
+            for name, before in r.before.items():
+                assert torch.equal(r.after[name], before + r.expected_delta[name]), name
+            assert any(not torch.equal(r.after[n], r.before[n]) for n in r.before)
+
+    def test_refused_or_rolled_back_predict_steps(self, full_run: Loop) -> None:
+        for r in full_run.records:
+            if r.plan.phase is Phase.PREDICT and not r.outcome.applied_update and not r.outcome.rolled_back:
+                assert _equal(r.before, r.after)
+
+    def test_weights_always_finite_and_loss_falls(self, full_run: Loop) -> None:
+        assert all(_finite(r.after) for r in full_run.records)
+        losses = [r.outcome.loss for r in full_run.records if r.plan.phase.runs_backward]
+        assert losses[-1] < 0.5 * losses[0]
+
+    def test_metrics_are_finite_floats(self, full_run: Loop) -> None:
+        metrics = full_run.engine.metrics()
+        assert all(isinstance(v, float) and math.isfinite(v) for v in metrics.values())
+        assert 0.0 <= metrics["confidence"] <= 1.0
+        assert metrics["steps_predict"] == full_run.phases().count(Phase.PREDICT)
+
+    def test_last_theta_tracks_the_parameters(self, full_run: Loop) -> None:
+        engine = full_run.engine
+        for name, p in full_run.params.items():
+            assert torch.equal(engine.last_theta[name], p.detach().float())
+
+
+class TestValidation:
+    def test_needs_parameters(self) -> None:
+        with pytest.raises(ValueError, match="at least one trainable parameter"):
+            HybridEngine({})
+
+    def test_finish_without_begin(self) -> None:
+        loop = Loop(_config())
+        with pytest.raises(RuntimeError, match="without begin_step"):
+            loop.engine.finish_step(1.0, 1.0, LR, loop._optimizer_step)
+
+    def test_unknown_predictor(self) -> None:
+        with pytest.raises(ValueError, match="unknown predictor 'nope'"):
+            HybridEngine({"w": nn.Parameter(torch.ones(2))}, EngineConfig(predictor="nope"))
+
+
+class TestNullPredictor:
+    def test_applies_nothing(self) -> None:
+        loop = Loop(_config(predictor="null"))
+        loop.run(60)
+        predict = [r for r in loop.records if r.plan.phase is Phase.PREDICT]
+        assert len(predict) >= 5
+        for r in predict:
+            assert not r.outcome.applied_update
+            assert _equal(r.before, r.after)
+        assert loop.engine.stats()["clipped_tensors"] == 0
+        assert loop.engine.stats()["refused_updates"] == 0
+
+
+class TestLowRank:
+    def test_runs_through_all_phases(self) -> None:
+        loop = Loop(EngineConfig(schedule=_config().schedule, predictor="lowrank"))
+        loop.run(60)
+        assert {Phase.PREDICT, Phase.CORRECT} <= set(loop.phases())
+        assert all(_finite(r.after) for r in loop.records)
+        assert any(r.outcome.applied_update for r in loop.records if r.plan.phase is Phase.PREDICT)
+
+
+class TestInjectedLosses:
+    @pytest.mark.parametrize("bad_loss", [math.nan, math.inf])
+    def test_non_finite_loss_in_predict_step_rolls_back(self, bad_loss: float) -> None:
+        loop = Loop(_config())
+        loop.run_until(_mid_phase_with_moved_params)
+        snapshot = _clone(loop.engine.guard.snapshot)
+        rollbacks = loop.engine.stats()["rollbacks"]
+        record = loop.step(loss_override=bad_loss)
+        assert record.plan.phase is Phase.PREDICT
+        assert record.outcome.rolled_back and not record.outcome.applied_update
+        assert record.outcome.level is DivergenceLevel.CRITICAL
+        assert _equal(loop.params, snapshot)  # bit-exact
+        assert _finite(loop.params)
+        assert loop.engine.stats()["rollbacks"] == rollbacks + 1
+        assert not loop.engine.guard.has_snapshot
+        for name, p in loop.params.items():
+            assert torch.equal(loop.engine.last_theta[name], p.detach().float())
+        loop.run(3)
+        assert loop.phases(-3) == [Phase.FULL] * 3
+        assert all(_finite(r.after) for r in loop.records)
+
+    def test_loss_spike_in_predict_step_rolls_back_and_forces_full(self) -> None:
+        loop = Loop(_config())
+        loop.run_until(_mid_phase_with_moved_params)
+        snapshot = _clone(loop.engine.guard.snapshot)
+        last_loss = loop.engine.last_measured_loss
+        assert last_loss is not None
+        record = loop.step(loss_override=50.0 * last_loss)
+        assert record.outcome.rolled_back and record.outcome.level is DivergenceLevel.CRITICAL
+        assert any("loss" in reason for reason in record.outcome.reasons)
+        assert _equal(loop.params, snapshot)
+        loop.run(3)
+        assert loop.phases(-3) == [Phase.FULL] * 3
+
+    def test_non_finite_loss_in_real_step_skips_the_optimizer(self) -> None:
+        loop = Loop(_config())
+        loop.run(12)
+        record = loop.step(loss_override=math.nan)
+        assert record.plan.phase is Phase.FULL
+        assert record.optimizer_calls == 0
+        assert not record.outcome.applied_update
+        assert _equal(record.before, record.after)
+        assert loop.engine.stats()["nonfinite_real_steps"] == 1
+        loop.run(3)
+        assert loop.phases(-3) == [Phase.FULL] * 3
+
+    def test_non_finite_grad_norm_can_still_call_the_optimizer(self) -> None:
+        loop = Loop(_config())
+        loop.run(12)
+        plan = loop.engine.begin_step()
+        assert plan.phase is Phase.FULL
+        calls = loop.optimizer_calls
+        outcome = loop.engine.finish_step(1.0, math.inf, LR, loop._optimizer_step, skip_nonfinite_step=False)
+        assert loop.optimizer_calls == calls + 1
+        assert not outcome.applied_update
+        assert outcome.level is DivergenceLevel.CRITICAL
+
+    def test_regression_at_an_intermediate_correct_step_ends_the_phase(self) -> None:
+        """Rollback at a CORRECT step that does not close the phase must not leave it half open."""
+        loop = Loop(_config(check_every=0, min_predict_steps=8, max_predict_steps=8, correction_interval=2))
+        # only the regression check may react here: silence the z-score signals
+        loop.engine.monitor = DivergenceMonitor(min_history=10**6)
+        loop.run_until(
+            lambda lp: (
+                lp.engine.controller.phase is Phase.PREDICT
+                and lp.engine.controller.predicted_since_correct == 2
+            )
+        )
+        record = loop.step(loss_override=1e3)
+        assert record.plan.phase is Phase.CORRECT
+        assert record.outcome.rolled_back
+        assert loop.engine.stats()["rollbacks"] == 1
+        assert not loop.engine.controller.in_predict_phase
+        assert loop.engine.phase_state == {}
+        loop.run(3)
+        assert loop.phases(-3) == [Phase.FULL] * 3
+        loop.run(30)
+        assert loop.phases(-30).count(Phase.PREDICT) > 0
+        assert all(_finite(r.after) for r in loop.records)
+
+
+class _FaultyPredictor(EMAPredictor):
+    """EMA predictor that misbehaves once `armed` (set by the test, on the next predict step)."""
+
+    name = "test-faulty"
+    armed = False
+    resets = 0
+
+    def fault(self, steps_ahead: int) -> Deltas | None:
+        raise NotImplementedError
+
+    def predict(self, steps_ahead: int) -> Deltas | None:
+        if self.armed:
+            return self.fault(steps_ahead)
+        return super().predict(steps_ahead)
+
+    def reset(self) -> None:
+        type(self).resets += 1
+        super().reset()
+
+
+class _NaNPredictor(_FaultyPredictor):
+    name = "test-nan"
+
+    def fault(self, steps_ahead: int) -> Deltas | None:
+        out = EMAPredictor.predict(self, steps_ahead)
+        assert out is not None
+        name = sorted(out)[-1]
+        out[name] = out[name].clone()
+        out[name].view(-1)[0] = math.nan
+        return out
+
+
+class _RaisingPredictor(_FaultyPredictor):
+    name = "test-raising"
+
+    def fault(self, steps_ahead: int) -> Deltas | None:
+        raise RuntimeError("predictor blew up")
+
+
+class _HugePredictor(EMAPredictor):
+    name = "test-huge"
+
+    def predict(self, steps_ahead: int) -> Deltas | None:
+        out = super().predict(steps_ahead)
+        return None if out is None else {n: torch.sign(t) * 1e30 + 1e29 for n, t in out.items()}
+
+
+@pytest.fixture
+def faulty_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    for cls in (_NaNPredictor, _RaisingPredictor, _HugePredictor):
+        monkeypatch.setitem(PREDICTORS, cls.name, cls)
+        if issubclass(cls, _FaultyPredictor):
+            monkeypatch.setattr(cls, "armed", False)
+            monkeypatch.setattr(cls, "resets", 0)
+
+
+@pytest.mark.usefixtures("faulty_registry")
+class TestFaultyPredictors:
+    @pytest.mark.parametrize("name", ["test-nan", "test-raising"])
+    def test_bad_prediction_mid_phase_rolls_back_and_forces_full(self, name: str) -> None:
+        loop = Loop(_config(predictor=name, check_every=0))
+        predictor = loop.engine.predictor
+        assert isinstance(predictor, _FaultyPredictor)
+        loop.run_until(_mid_phase_with_moved_params)
+        snapshot = _clone(loop.engine.guard.snapshot)
+        predictor.armed = True
+        record = loop.step()
+        predictor.armed = False
+        assert record.plan.phase is Phase.PREDICT
+        assert not record.outcome.applied_update
+        assert record.optimizer_calls == 0
+        assert _equal(loop.params, snapshot)  # rolled back to the start of the phase
+        assert _finite(loop.params)
+        stats = loop.engine.stats()
+        assert stats["refused_updates"] == 1
+        assert stats["predictor_errors"] == (1 if name == "test-raising" else 0)
+        assert type(predictor).resets >= 1 and predictor.observed == 0
+        assert not loop.engine.guard.has_snapshot  # the phase is closed, its snapshot freed
+        assert loop.engine.phase_state == {}
+        loop.run(3)
+        assert loop.phases(-3) == [Phase.FULL] * 3
+        # after the reset the predictor needs min_history real updates again before a new phase
+        loop.run(12)
+        assert all(_finite(r.after) for r in loop.records)
+
+    def test_raising_in_real_step_is_harmless(self) -> None:
+        loop = Loop(_config(predictor="test-raising"))
+        loop.run(12)
+        predictor = loop.engine.predictor
+        assert isinstance(predictor, _FaultyPredictor)
+        predictor.armed = True
+        record = loop.step()
+        predictor.armed = False
+        assert record.plan.phase is Phase.FULL
+        assert record.optimizer_calls == 1 and record.outcome.applied_update
+        assert loop.engine.stats()["predictor_errors"] == 1
+        assert predictor.observed == 1  # reset, then observed this step's real update
+
+    def test_huge_deltas_are_held_to_the_trust_region(self) -> None:
+        loop = Loop(_config(predictor="test-huge", check_every=0))
+        loop.run(60)
+        max_delta = loop.engine.config.max_delta
+        applied = [r for r in loop.records if r.plan.phase is Phase.PREDICT and r.outcome.applied_update]
+        assert applied
+        for r in applied:
+            for name, before in r.before.items():
+                change = r.after[name] - before
+                rms = before.pow(2).mean().sqrt()
+                cap = before.abs().clamp_min(rms) * max_delta
+                assert bool((change.abs() <= cap * (1 + 1e-5) + 1e-7).all()), name
+                assert float(change.norm()) <= max_delta * float(before.norm()) * (1 + 1e-5) + 1e-7
+        assert loop.engine.stats()["clipped_tensors"] >= len(applied)
+        assert all(_finite(r.after) for r in loop.records)

@@ -1,0 +1,278 @@
+"""Tests for the weight-delta predictors."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import pytest
+import torch
+
+from hf_hybrid.engine.predictor import (
+    PREDICTORS,
+    DeltaPredictor,
+    EMAPredictor,
+    LowRankPredictor,
+    NullPredictor,
+    build_predictor,
+    cosine,
+    delta_dot_products,
+    register_predictor,
+)
+
+SHAPES = {"layer.weight": (6, 5), "layer.bias": (6,)}
+
+
+def _rel_err(pred: torch.Tensor, target: torch.Tensor) -> float:
+    return float((pred - target).norm() / target.norm())
+
+
+def _random_deltas(seed: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {name: torch.randn(shape, generator=gen).to(dtype) for name, shape in SHAPES.items()}
+
+
+def _assert_same(a: Mapping[str, torch.Tensor] | None, b: Mapping[str, torch.Tensor] | None) -> None:
+    assert a is not None and b is not None
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+
+
+class TestRegistry:
+    def test_builtins_registered(self) -> None:
+        assert {"null", "ema", "lowrank"} <= set(PREDICTORS)
+        assert isinstance(build_predictor("null"), NullPredictor)
+        assert isinstance(build_predictor("ema", beta=0.5), EMAPredictor)
+        assert build_predictor("lowrank", window=4, rank=1).window == 4
+
+    def test_unknown_name_lists_available(self) -> None:
+        with pytest.raises(
+            ValueError, match=r"unknown predictor 'nope'; available: \[.*'ema'.*'lowrank'.*'null'"
+        ):
+            build_predictor("nope")
+
+    def test_register_custom(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr("hf_hybrid.engine.predictor.PREDICTORS", dict(PREDICTORS))
+
+        class Constant(NullPredictor):
+            name = "test-constant"
+
+        assert register_predictor(Constant) is Constant
+        from hf_hybrid.engine import predictor as module
+
+        assert isinstance(module.build_predictor("test-constant"), Constant)
+        assert "test-constant" not in PREDICTORS  # the module's registry was swapped, not this one
+
+    def test_interface_is_abstract(self) -> None:
+        with pytest.raises(TypeError):
+            DeltaPredictor()  # type: ignore[abstract]
+
+
+class TestNull:
+    def test_predicts_nothing(self) -> None:
+        p = NullPredictor()
+        assert p.predict(1) is None
+        p.observe(_random_deltas(0))
+        assert p.observed == 1
+        assert p.predict(3) is None
+        assert p.nbytes() == 0
+        p.reset()
+        assert p.observed == 0
+
+    def test_state_round_trip(self) -> None:
+        p = NullPredictor()
+        p.observe(_random_deltas(0))
+        q = NullPredictor()
+        q.load_state_dict(p.state_dict())
+        assert q.observed == 1
+
+
+class TestEMA:
+    @pytest.mark.parametrize(("beta", "decay"), [(0.5, 1.0), (0.9, 0.8), (0.0, 0.5)])
+    def test_constant_stream(self, beta: float, decay: float) -> None:
+        p = EMAPredictor(beta=beta, decay=decay)
+        delta = _random_deltas(1)
+        for n in range(1, 6):
+            p.observe(delta)
+            for k in (1, 2, 5):
+                pred = p.predict(k)
+                assert pred is not None
+                for name, d in delta.items():
+                    # bias correction makes the estimate exact from the first observation on
+                    torch.testing.assert_close(pred[name], d * decay**k, rtol=1e-5, atol=1e-7)
+            assert p.observed == n
+
+    def test_tracks_recent_updates(self) -> None:
+        p = EMAPredictor(beta=0.5, decay=1.0)
+        a, b = _random_deltas(1), _random_deltas(2)
+        p.observe(a)
+        p.observe(b)
+        pred = p.predict(1)
+        assert pred is not None
+        # ema = 0.25 a + 0.5 b (after 0.5 a), bias correction 1 - 0.25
+        expected = (0.25 * a["layer.bias"] + 0.5 * b["layer.bias"]) / 0.75
+        torch.testing.assert_close(pred["layer.bias"], expected)
+
+    def test_no_prediction_before_data(self) -> None:
+        assert EMAPredictor().predict(1) is None
+
+    def test_fp32_buffers_for_bf16_deltas(self) -> None:
+        p = EMAPredictor(beta=0.9, decay=1.0)
+        tiny = {"w": torch.full((4,), 1e-3, dtype=torch.bfloat16)}
+        for _ in range(3):
+            p.observe(tiny)
+        assert all(t.dtype == torch.float32 for t in p.tensors().values())
+        pred = p.predict(1)
+        assert pred is not None and pred["w"].dtype == torch.float32
+        torch.testing.assert_close(pred["w"], tiny["w"].float(), rtol=1e-5, atol=0)
+
+    def test_state_round_trip_same_prediction(self) -> None:
+        p = EMAPredictor(beta=0.7, decay=0.9)
+        for seed in range(4):
+            p.observe(_random_deltas(seed))
+        q = EMAPredictor(beta=0.7, decay=0.9)
+        q.load_state_dict(p.state_dict())
+        _assert_same(p.predict(3), q.predict(3))
+        assert q.observed == 4
+        # the loaded buffers are copies, not aliases
+        p.observe(_random_deltas(9))
+        assert not torch.equal(p.predict(1)["layer.bias"], q.predict(1)["layer.bias"])  # type: ignore[index]
+
+    def test_state_for_other_predictor_refused(self) -> None:
+        with pytest.raises(ValueError, match="predictor state is for 'null'"):
+            EMAPredictor().load_state_dict(NullPredictor().state_dict())
+
+    def test_nbytes_and_reset(self) -> None:
+        p = EMAPredictor()
+        p.observe(_random_deltas(0))
+        assert p.nbytes() == (30 + 6) * 4
+        p.reset()
+        assert p.observed == 0 and p.nbytes() == 0 and p.predict(1) is None
+
+    @pytest.mark.parametrize(("kwargs", "match"), [({"beta": 1.0}, "beta"), ({"decay": 0.0}, "decay")])
+    def test_validation(self, kwargs: dict[str, float], match: str) -> None:
+        with pytest.raises(ValueError, match=match):
+            EMAPredictor(**kwargs)
+
+
+class TestLowRank:
+    def test_linear_coefficients_in_2d_subspace(self) -> None:
+        gen = torch.Generator().manual_seed(0)
+        u, v = torch.randn(2, 40, 30, generator=gen, dtype=torch.float64)
+        p = LowRankPredictor(window=8, rank=2, decay=1.0)
+
+        def update(t: int) -> torch.Tensor:
+            return ((1.0 + 0.3 * t) * u + (2.0 - 0.5 * t) * v).float()
+
+        for t in range(12):  # more than the window: the ring buffer wraps
+            p.observe({"w": update(t)})
+        for k in (1, 3):
+            pred = p.predict(k)
+            assert pred is not None
+            assert _rel_err(pred["w"], update(11 + k)) < 1e-3, k
+
+    def test_decay_shrinks_extrapolation(self) -> None:
+        gen = torch.Generator().manual_seed(1)
+        u, v = torch.randn(2, 64, generator=gen)
+        p = LowRankPredictor(window=6, rank=2, decay=0.5)
+        for t in range(6):
+            p.observe({"w": (1.0 + t) * u + (3.0 - t) * v})
+        pred = p.predict(2)
+        assert pred is not None
+        assert _rel_err(pred["w"], 0.25 * ((1.0 + 7) * u + (3.0 - 7) * v)) < 1e-3
+
+    @pytest.mark.parametrize("decay", [1.0, 0.9])
+    def test_constant_updates(self, decay: float) -> None:
+        delta = _random_deltas(3)
+        p = LowRankPredictor(window=5, rank=2, decay=decay)
+        for _ in range(7):
+            p.observe(delta)
+        for k in (1, 4):
+            pred = p.predict(k)
+            assert pred is not None
+            for name, d in delta.items():
+                assert _rel_err(pred[name], d * decay**k) < 1e-4
+
+    def test_needs_two_observations(self) -> None:
+        p = LowRankPredictor()
+        assert p.predict(1) is None
+        p.observe(_random_deltas(0))
+        assert p.predict(1) is None
+        p.observe(_random_deltas(0))
+        assert p.predict(1) is not None
+
+    def test_zero_updates_predict_zero(self) -> None:
+        p = LowRankPredictor(window=3)
+        for _ in range(3):
+            p.observe({"w": torch.zeros(5)})
+        pred = p.predict(1)
+        assert pred is not None
+        assert torch.equal(pred["w"], torch.zeros(5))
+
+    def test_fp32_buffers_for_bf16_deltas(self) -> None:
+        p = LowRankPredictor(window=4, decay=1.0)
+        delta = {"w": torch.full((3, 3), 3e-4, dtype=torch.bfloat16)}
+        for _ in range(4):
+            p.observe(delta)
+        assert all(t.dtype == torch.float32 for t in p.tensors().values())
+        pred = p.predict(1)
+        assert pred is not None and pred["w"].dtype == torch.float32
+        assert _rel_err(pred["w"], delta["w"].float()) < 1e-4
+
+    def test_state_round_trip_same_prediction(self) -> None:
+        p = LowRankPredictor(window=4, rank=2, decay=0.9)
+        for seed in range(6):  # wrapped ring buffer
+            p.observe(_random_deltas(seed))
+        q = LowRankPredictor(window=4, rank=2, decay=0.9)
+        q.load_state_dict(p.state_dict())
+        _assert_same(p.predict(2), q.predict(2))
+        p.observe(_random_deltas(10))
+        q.observe(_random_deltas(10))
+        _assert_same(p.predict(1), q.predict(1))
+
+    def test_nbytes_and_reset(self) -> None:
+        p = LowRankPredictor(window=4)
+        p.observe(_random_deltas(0))
+        assert p.nbytes() == 4 * (30 + 6) * 4
+        p.reset()
+        assert p.observed == 0 and p.nbytes() == 0 and p.predict(1) is None
+
+    @pytest.mark.parametrize(
+        ("kwargs", "match"),
+        [
+            ({"window": 1}, "window"),
+            ({"rank": 0}, "rank"),
+            ({"window": 3, "rank": 4}, "rank"),
+            ({"decay": 1.5}, "decay"),
+        ],
+    )
+    def test_validation(self, kwargs: dict[str, float], match: str) -> None:
+        with pytest.raises(ValueError, match=match):
+            LowRankPredictor(**kwargs)  # type: ignore[arg-type]
+
+
+class TestDotProducts:
+    def test_sums_over_tensors_in_float64(self) -> None:
+        real = _random_deltas(0)
+        pred = {name: 2.0 * t for name, t in real.items()}
+        pd, pp, dd = delta_dot_products(pred, real)
+        expected_dd = sum(float((t.double() ** 2).sum()) for t in real.values())
+        assert dd == pytest.approx(expected_dd, rel=1e-12)
+        assert pd == pytest.approx(2 * expected_dd, rel=1e-6)
+        assert pp == pytest.approx(4 * expected_dd, rel=1e-6)
+        assert cosine(pd, pp, dd) == pytest.approx(1.0)
+
+    def test_missing_prediction_counts_as_zero(self) -> None:
+        real = _random_deltas(0)
+        pd, pp, dd = delta_dot_products(None, real)
+        assert pd == 0.0 and pp == 0.0 and dd > 0
+        partial = {"layer.bias": -real["layer.bias"]}
+        pd, pp, _ = delta_dot_products(partial, real)
+        assert pd == pytest.approx(-pp)
+        assert cosine(pd, pp, dd) < 0
+
+    def test_empty(self) -> None:
+        assert delta_dot_products(None, {}) == (0.0, 0.0, 0.0)
+        assert cosine(1.0, 0.0, 1.0) == 0.0
+        assert math.isclose(cosine(-1.0, 1.0, 1.0), -1.0)
