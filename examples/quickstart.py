@@ -1,7 +1,7 @@
 """The smallest HybridHFTrainer run: a byte-level GPT-2 on the Python standard library, offline.
 
-    python examples/quickstart.py                       # one process
-    accelerate launch examples/quickstart.py            # as many processes as `accelerate config` says
+python examples/quickstart.py                       # one process
+accelerate launch examples/quickstart.py            # as many processes as `accelerate config` says
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from hf_hybrid.data import BYTE_VOCAB_SIZE, stdlib_lm_datasets
 def main(max_steps: int = 300, output_dir: str = "quickstart_out") -> dict:
     train, evaluation = stdlib_lm_datasets(block_size=128, train_blocks=2048, eval_blocks=64)
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=BYTE_VOCAB_SIZE, n_positions=128, n_embd=64, n_layer=2, n_head=2))
+    config = GPT2Config(vocab_size=BYTE_VOCAB_SIZE, n_positions=128, n_embd=64, n_layer=2, n_head=2)
+    model = GPT2LMHeadModel(config)
     args = HybridTrainingArguments(
         output_dir=output_dir,
         max_steps=max_steps,

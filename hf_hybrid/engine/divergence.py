@@ -118,12 +118,15 @@ class DivergenceMonitor:
     * ``loss_z``: one-sided z-score of the loss (a rising loss is bad, a drop is fine);
     * ``grad_ratio``: grad norm over its running mean; > ``grad_spike_ratio`` is WARNING,
       > ``grad_spike_ratio ** 2`` CRITICAL;
-    * ``prediction_error_z``: one-sided z-score of ``|actual - predicted loss|``; a non-finite prediction
+    * ``prediction_error_z``: one-sided z-score of the signed ``actual - predicted loss`` (a loss better than
+      forecast never alarms); a non-finite prediction
       error is WARNING (the predictor is broken, the weights need not be).
 
     z-scores map to levels as ``> sigma`` CAUTION, ``> 1.5 sigma`` WARNING, ``> 2 sigma`` CRITICAL. The
     statistics are only updated from steps below WARNING, so a spike never poisons the baseline it is
-    judged against.
+    judged against. A shift that persists for `min_history` alarmed steps in a row is a new regime, not a
+    spike: the alarming statistics are re-learned from scratch, so a lasting change (a schedule restart,
+    a loss model that is now biased) cannot lock training into forced FULL steps for ever.
     """
 
     def __init__(
@@ -151,6 +154,7 @@ class DivergenceMonitor:
         self._loss = _RunningStat()
         self._grad = _RunningStat()
         self._pred = _RunningStat()
+        self._alarm_streak = 0
 
     def _z_level(self, z: float) -> DivergenceLevel:
         if z > 2.0 * self.sigma:
@@ -168,10 +172,6 @@ class DivergenceMonitor:
         loss = _as_float("loss", loss)
         grad_norm = _as_float("grad_norm", grad_norm)
         prediction_error = _as_float("prediction_error", prediction_error)
-        if prediction_error is not None and prediction_error < 0:
-            raise ValueError(
-                f"prediction_error must be >= 0 (an absolute difference), got {prediction_error!r}"
-            )
 
         level = DivergenceLevel.NORMAL
         signals: dict[str, float] = {}
@@ -221,9 +221,14 @@ class DivergenceMonitor:
                 raise_to(self._z_level(z), f"prediction error z-score {z:.1f} > {bound:.1f}")
 
         if level < DivergenceLevel.WARNING:
+            self._alarm_streak = 0
             for stat, value in ((self._loss, loss), (self._grad, grad_norm), (self._pred, prediction_error)):
                 if value is not None and math.isfinite(value):
                     stat.update(value, self.ema_beta)
+        else:
+            self._alarm_streak += 1
+            if self._alarm_streak >= self.min_history:
+                self._rebaseline(signals)
 
         action = _ACTIONS[level]
         if level > DivergenceLevel.NORMAL:
@@ -240,6 +245,20 @@ class DivergenceMonitor:
             DivergenceLevel.CRITICAL: 2.0 * self.sigma,
         }[level]
 
+    def _rebaseline(self, signals: dict[str, float]) -> None:
+        """Forget the statistics that keep alarming (finite signals above the WARNING bound)."""
+        bound = 1.5 * self.sigma
+        attributes = {"loss_z": "_loss", "grad_ratio": "_grad", "prediction_error_z": "_pred"}
+        for key, attribute in attributes.items():
+            value = signals.get(key)
+            limit = self.grad_spike_ratio if key == "grad_ratio" else bound
+            if value is not None and math.isfinite(value) and value > limit:
+                setattr(self, attribute, _RunningStat())
+                logger.warning(
+                    "divergence: %s alarmed %d steps in a row; re-learning it", key, self._alarm_streak
+                )
+        self._alarm_streak = 0
+
     def loss_stats(self) -> tuple[float, float]:
         """Running mean and std of the loss (std as used for z-scores, floor included); nan before data."""
         if self._loss.count == 0:
@@ -252,6 +271,7 @@ class DivergenceMonitor:
             "loss": self._loss.state_dict(),
             "grad_norm": self._grad.state_dict(),
             "prediction_error": self._pred.state_dict(),
+            "alarm_streak": self._alarm_streak,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -262,3 +282,4 @@ class DivergenceMonitor:
         self._loss.load_state_dict(state["loss"])
         self._grad.load_state_dict(state["grad_norm"])
         self._pred.load_state_dict(state["prediction_error"])
+        self._alarm_streak = int(state.get("alarm_streak", 0))

@@ -106,10 +106,7 @@ class HybridEngine:
         phase = self.controller.decide(self.confidence(), self.predictor.observed, self._choose_horizon)
         if phase is Phase.PREDICT and not was_predicting:
             self._open_predict_phase()
-        if phase is Phase.CORRECT and self.phase_state:
-            self.last_predicted_loss = self._phase_forecast(self.phase_state["predicted"])
-        elif phase.runs_backward:
-            self.last_predicted_loss = self._forecast(1)[0] if self.dynamics.num_observed else None
+        self.last_predicted_loss = self._forecast_next_loss()
         measure = phase.runs_backward or self._is_checked_predict_step()
         self.plan = StepPlan(phase, measure)
         self.counts[f"steps_{phase.value}"] += 1
@@ -175,11 +172,19 @@ class HybridEngine:
         predicted = self._safe_predict(steps_ahead) if phase is not Phase.WARMUP else None
         optimizer_step()
         delta = self._sync_last_theta()
+        pd, pp, dd = delta_dot_products(predicted, delta)
+        if not (math.isfinite(pd) and math.isfinite(pp)):
+            logger.warning("predictor %r produced a non-finite update; resetting it", self.config.predictor)
+            self.counts["refused_updates"] += 1
+            self.predictor.reset()
+            pd = pp = 0.0
         residual = Residual(
             self.controller.steps_decided,
             phase.value,
             steps_ahead,
-            *delta_dot_products(predicted, delta),
+            pd,
+            pp,
+            dd,
             loss,
             self.last_predicted_loss,
         )
@@ -188,9 +193,8 @@ class HybridEngine:
             self.corrector.update(residual)
         self.predictor.observe(delta)
         self.steps_since_real = 0
-        prediction_error = None if self.last_predicted_loss is None else abs(loss - self.last_predicted_loss)
         self.dynamics.observe(loss, lr, grad_norm, phase.index)
-        report = self.monitor.check(loss, grad_norm, prediction_error)
+        report = self.monitor.check(loss, grad_norm, self._prediction_error(loss))
         self.last_measured_loss = loss
         self._react(report, may_roll_back=phase is Phase.CORRECT and not rolled_back)
         if phase is Phase.CORRECT:
@@ -212,14 +216,10 @@ class HybridEngine:
     def _predict_step(self, loss: float | None, lr: float) -> StepOutcome:
         self.counts["backward_skipped"] += 1
         self.counts["predict_checked" if loss is not None else "predict_blind"] += 1
-        self.last_predicted_loss = self._phase_forecast(self.phase_state["predicted"])
         self.phase_state["predicted"] += 1
         report = None
         if loss is not None:
-            error = None
-            if math.isfinite(loss) and self.last_predicted_loss is not None:
-                error = abs(loss - self.last_predicted_loss)
-            report = self.monitor.check(loss, None, error)
+            report = self.monitor.check(loss, None, self._prediction_error(loss))
             self.phase_state["losses"].append(loss)
             self.last_measured_loss = loss
             if math.isfinite(loss):
@@ -295,7 +295,6 @@ class HybridEngine:
             "losses": [],
             "pre_mean": mean,
             "pre_std": std,
-            "forecast": self._forecast(horizon + 1),
         }
         self.counts["predict_phases"] += 1
 
@@ -313,14 +312,17 @@ class HybridEngine:
         self.guard.drop_snapshot()
         self.phase_state = {}
 
-    def _forecast(self, horizon: int) -> list[float | None]:
+    def _forecast_next_loss(self) -> float | None:
+        """The loss model's one-step forecast (None before it has seen a loss)."""
         if not self.dynamics.num_observed:
-            return [None] * horizon
-        return [_finite_or_none(x) for x in self.dynamics.forecast(horizon).mean]
+            return None
+        return _finite_or_none(self.dynamics.forecast(1).mean[0])
 
-    def _phase_forecast(self, index: int) -> float | None:
-        forecast = self.phase_state["forecast"]
-        return forecast[min(index, len(forecast) - 1)]
+    def _prediction_error(self, loss: float) -> float | None:
+        """Signed (actual - forecast): the monitor scores it one-sided, so a better loss never alarms."""
+        if self.last_predicted_loss is None or not math.isfinite(loss):
+            return None
+        return loss - self.last_predicted_loss
 
     def _regressed(self, loss: float | None) -> bool:
         """Did the loss over the phase (checked predict steps + this one) rise past tolerance?"""

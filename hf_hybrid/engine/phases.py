@@ -129,8 +129,8 @@ class PhaseController:
         self.predict_remaining = 0
         self.predicted_since_correct = 0
         if self.phase in (Phase.PREDICT, Phase.CORRECT):
-            self.phase = Phase.FULL
-            self.full_remaining = self.schedule.full_steps
+            self.phase = Phase.FULL  # the forced steps are this cycle's FULL budget, not added to it
+            self.full_remaining = 0
 
     def shorten(self) -> None:
         """Halve the rest of an open predict phase and the cap on later horizons."""

@@ -244,7 +244,7 @@ def delta_dot_products(
                     zero if p64 is None else (p64 * p64).sum(),
                     (d64 * d64).sum(),
                 ]
-            ).cpu()
+            )
         )
     if not sums:
         return 0.0, 0.0, 0.0

@@ -67,7 +67,9 @@ class ResidualStore:
 
     def recent(self, n: int | None = None, phase: str | None = None) -> list[Residual]:
         items = [r for r in self._items if phase is None or r.phase == phase]
-        return items if n is None else items[-n:]
+        if n is None:
+            return items
+        return items[-n:] if n > 0 else []
 
     def state_dict(self) -> dict[str, Any]:
         return {"capacity": self.capacity, "total": self.total, "items": [asdict(r) for r in self._items]}
@@ -90,6 +92,8 @@ class Corrector:
             raise ValueError(f"`rate` must be in (0, 1], got {rate}")
         if max_scale <= 0:
             raise ValueError(f"`max_scale` must be > 0, got {max_scale}")
+        if window < 1:
+            raise ValueError(f"`window` must be >= 1, got {window}")
         self.rate = rate
         self.max_scale = max_scale
         self.window = window

@@ -177,7 +177,10 @@ def test_spikes_do_not_poison_statistics() -> None:
         DivergenceLevel.CRITICAL
     )
     assert monitor.check(mean + 5 * std).level == DivergenceLevel.WARNING
-    assert monitor.state_dict() == before
+    after = monitor.state_dict()
+    assert after.pop("alarm_streak") == 2
+    before.pop("alarm_streak")
+    assert after == before
     report = monitor.check(mean, grad_norm=2.0, prediction_error=0.05)
     assert report.level == DivergenceLevel.NORMAL
 
@@ -271,9 +274,30 @@ def test_constructor_validation(kwargs: dict, name: str) -> None:
         DivergenceMonitor(**kwargs)
 
 
+def test_a_loss_better_than_forecast_never_alarms() -> None:
+    monitor = DivergenceMonitor(sigma=3.0, min_history=10)
+    for i in range(50):
+        monitor.check(1.0, prediction_error=0.01 * ((i % 5) - 2))
+    assert _copy(monitor).check(1.0, prediction_error=-5.0).level == DivergenceLevel.NORMAL
+    assert _copy(monitor).check(1.0, prediction_error=5.0).level == DivergenceLevel.CRITICAL
+
+
 def test_check_validation() -> None:
     monitor = DivergenceMonitor()
     with pytest.raises(ValueError, match="prediction_error"):
-        monitor.check(1.0, prediction_error=-0.1)
+        monitor.check(1.0, prediction_error="x")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="loss"):
         monitor.check("high")  # type: ignore[arg-type]
+
+
+def test_a_lasting_shift_is_relearned_instead_of_alarming_for_ever() -> None:
+    monitor = DivergenceMonitor(sigma=3.0, min_history=10)
+    for i in range(50):
+        monitor.check(1.0 + 0.01 * ((i % 5) - 2))
+    levels = [monitor.check(2.0 + 0.01 * ((i % 5) - 2)).level for i in range(40)]
+    assert levels[0] == DivergenceLevel.CRITICAL
+    assert all(level >= DivergenceLevel.WARNING for level in levels[:10])
+    assert all(level == DivergenceLevel.NORMAL for level in levels[25:])
+    restored = DivergenceMonitor(sigma=3.0, min_history=10)
+    restored.load_state_dict(monitor.state_dict())
+    assert restored.state_dict() == monitor.state_dict()

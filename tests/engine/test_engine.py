@@ -268,7 +268,9 @@ class TestValidation:
 
 class TestNullPredictor:
     def test_applies_nothing(self) -> None:
-        loop = Loop(_config(predictor="null"))
+        # blind steps: on this noise-free full-batch problem a measured, un-updated step is (rightly)
+        # flagged as worse than the loss model's forecast, which would cut every phase short
+        loop = Loop(_config(predictor="null", check_every=0))
         loop.run(60)
         predict = [r for r in loop.records if r.plan.phase is Phase.PREDICT]
         assert len(predict) >= 5

@@ -150,8 +150,9 @@ class TestForcedAndAdaptation:
         ctrl.force_full(3)
         assert not ctrl.in_predict_phase
         assert ctrl.predict_remaining == 0 and ctrl.predicted_since_correct == 0
-        # 3 forced steps, then the ordinary full budget, then a new phase (no CORRECT of the old one)
-        assert _run(ctrl, 3 + 2 + 1, horizon) == [F, F, F, F, F, P]
+        # the 3 forced steps are this cycle's FULL budget (not added to it), then a new phase opens
+        # (no CORRECT for the abandoned one)
+        assert _run(ctrl, 3 + 1, horizon) == [F, F, F, P]
         assert horizon.caps == [8, 8]
 
     def test_force_full_takes_the_larger_budget(self) -> None:
