@@ -104,3 +104,25 @@ def lora_gpt2(rank: int = 4, seed: int = 0) -> torch.nn.Module:
     model = get_peft_model(tiny_gpt2(seed), config)
     torch.manual_seed(seed)
     return model
+
+
+class SaveAt(TrainerCallback):
+    """Save a checkpoint right after the first step of each wanted kind."""
+
+    def __init__(self, trainer, wanted=("mid_predict", "correct")):
+        self.trainer = trainer
+        self.pending = set(wanted)
+        self.saved: dict[str, int] = {}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        engine = self.trainer.engine
+        phase = self.trainer.hybrid_timeline[-1]["phase"]
+        kind = None
+        if phase == "predict" and engine.controller.predict_remaining > 0:
+            kind = "mid_predict"
+        elif phase == "correct":
+            kind = "correct"
+        if kind in self.pending:
+            self.pending.discard(kind)
+            self.saved[kind] = state.global_step
+            control.should_save = True

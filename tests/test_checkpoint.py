@@ -6,32 +6,9 @@ import json
 
 import pytest
 import torch
-from helpers import hybrid_trainer, step_logs
-from transformers import TrainerCallback
+from helpers import SaveAt, hybrid_trainer, step_logs
 
 from hf_hybrid.checkpoint import HYBRID_STATE_FILE, HybridCheckpointError
-
-
-class SaveAt(TrainerCallback):
-    """Save a checkpoint right after the first step of each wanted kind."""
-
-    def __init__(self, trainer, wanted=("mid_predict", "correct")):
-        self.trainer = trainer
-        self.pending = set(wanted)
-        self.saved: dict[str, int] = {}
-
-    def on_step_end(self, args, state, control, **kwargs):
-        engine = self.trainer.engine
-        phase = self.trainer.hybrid_timeline[-1]["phase"]
-        kind = None
-        if phase == "predict" and engine.controller.predict_remaining > 0:
-            kind = "mid_predict"
-        elif phase == "correct":
-            kind = "correct"
-        if kind in self.pending:
-            self.pending.discard(kind)
-            self.saved[kind] = state.global_step
-            control.should_save = True
 
 
 def _params(trainer):
@@ -53,7 +30,10 @@ def straight_run(tmp_path_factory):
 def test_resume_continues_exactly(straight_run, tmp_path, kind):
     out, straight, saved = straight_run
     step = saved[kind]
-    resumed = hybrid_trainer(out, max_steps=40, save_strategy="no")
+    # restored whether or not HF is asked to restore callback states
+    resumed = hybrid_trainer(
+        out, max_steps=40, save_strategy="no", restore_callback_states_from_checkpoint=kind == "correct"
+    )
     resumed.train(resume_from_checkpoint=str(out / f"checkpoint-{step}"))
     assert [r["phase"] for r in resumed.hybrid_timeline] == [r["phase"] for r in straight.hybrid_timeline]
     assert step_logs(resumed, "loss")[-(40 - step) :] == step_logs(straight, "loss")[-(40 - step) :]
@@ -121,18 +101,18 @@ def _run_script(tmp_path, *args, check=True):
     return proc, (json.loads(result.read_text()) if result.exists() else None)
 
 
-def test_resume_in_a_new_process_with_lora_and_accumulation(tmp_path):
+@pytest.mark.parametrize("setup", [(), ("--lora", "--accumulation", "2")], ids=["full", "lora_accumulation"])
+def test_resume_in_a_new_process_continues_exactly(tmp_path, setup):
     out = tmp_path / "out"
-    _, straight = _run_script(tmp_path, "--out", out, "--lora", "--accumulation", "2", "--save-every", "15")
-    assert "predict" in straight["phases"][:15] and "predict" in straight["phases"][15:]
-    _, resumed = _run_script(
-        tmp_path, "--out", out, "--lora", "--accumulation", "2", "--resume", out / "checkpoint-15"
-    )
-    assert resumed["phases"] == straight["phases"]
-    assert len(resumed["losses"]) == 40
-    assert resumed["losses"] == straight["losses"]
-    assert resumed["params_sha256"] == straight["params_sha256"]
-    assert resumed["stats"] == straight["stats"]
+    _, straight = _run_script(tmp_path, "--out", out, "--save-at-kinds", *setup)
+    assert set(straight["saved_at"]) == {"mid_predict", "correct"}
+    for kind, step in straight["saved_at"].items():
+        _, resumed = _run_script(tmp_path, "--out", out, *setup, "--resume", out / f"checkpoint-{step}")
+        assert resumed["phases"] == straight["phases"], kind
+        assert len(resumed["losses"]) == 40
+        assert resumed["losses"] == straight["losses"], kind
+        assert resumed["params_sha256"] == straight["params_sha256"], kind
+        assert resumed["stats"] == straight["stats"], kind
 
 
 def test_sigkill_during_a_save_leaves_the_previous_checkpoint_resumable(tmp_path):
@@ -236,3 +216,12 @@ def test_a_missing_tensor_file_is_refused(straight_run, tmp_path):
     trainer = hybrid_trainer(tmp_path / "run", max_steps=40)
     with pytest.raises(HybridCheckpointError, match=r"hybrid_state.safetensors is missing"):
         trainer.train(resume_from_checkpoint=str(folder))
+
+
+def test_rotation_keeps_each_hybrid_state_with_its_checkpoint(tmp_path):
+    trainer = hybrid_trainer(tmp_path, max_steps=30, save_strategy="steps", save_steps=5, save_total_limit=2)
+    trainer.train()
+    folders = sorted(p.name for p in tmp_path.glob("checkpoint-*"))
+    assert folders == ["checkpoint-25", "checkpoint-30"]
+    for name in folders:
+        assert (tmp_path / name / HYBRID_STATE_FILE).is_file()

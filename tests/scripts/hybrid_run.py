@@ -1,7 +1,7 @@
 """A hybrid training run in its own process, for resume and crash tests.
 
-python hybrid_run.py --out DIR [--resume PATH|last] [--save-every N] [--kill-in-save-at STEP]
-                     [--lora] [--accumulation N] --result FILE.json
+python hybrid_run.py --out DIR [--resume PATH|last] [--save-every N | --save-at-kinds]
+                     [--kill-in-save-at STEP] [--lora] [--accumulation N] --result FILE.json
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-from helpers import hybrid_trainer, lora_gpt2, step_logs, tiny_gpt2  # noqa: E402
+from helpers import SaveAt, hybrid_trainer, lora_gpt2, step_logs, tiny_gpt2  # noqa: E402
 
 import hf_hybrid.trainer as trainer_module  # noqa: E402
 
@@ -32,6 +32,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=40)
     parser.add_argument("--resume", default=None)
     parser.add_argument("--save-every", type=int, default=0)
+    parser.add_argument("--save-at-kinds", action="store_true", help="save mid-predict and at a CORRECT step")
     parser.add_argument("--kill-in-save-at", type=int, default=0)
     parser.add_argument("--lora", action="store_true")
     parser.add_argument("--accumulation", type=int, default=1)
@@ -39,14 +40,14 @@ def main() -> None:
     opts = parser.parse_args()
 
     model = lora_gpt2() if opts.lora else tiny_gpt2()
-    save = (
-        {"save_strategy": "steps", "save_steps": opts.save_every}
-        if opts.save_every
-        else {"save_strategy": "no"}
-    )
+    every = opts.save_every or (10_000 if opts.save_at_kinds else 0)
+    save = {"save_strategy": "steps", "save_steps": every} if every else {"save_strategy": "no"}
     trainer = hybrid_trainer(
         opts.out, model=model, max_steps=opts.max_steps, gradient_accumulation_steps=opts.accumulation, **save
     )
+    saver = SaveAt(trainer)
+    if opts.save_at_kinds:
+        trainer.add_callback(saver)
     if opts.kill_in_save_at:
         _kill_inside_save(trainer, opts.kill_in_save_at)
     resume = {"last": True, None: None}.get(opts.resume, opts.resume)
@@ -63,6 +64,7 @@ def main() -> None:
                 "params_sha256": digest.hexdigest(),
                 "stats": trainer.hybrid_stats(),
                 "global_step": trainer.state.global_step,
+                "saved_at": saver.saved,
             }
         )
     )
