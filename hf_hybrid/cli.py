@@ -127,13 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
         "predicted update can be trusted, fall back to full training when it cannot.",
     )
     parser.add_argument("--version", action="version", version=f"hf-hybrid {_version()}")
-    sub = parser.add_subparsers(dest="command", metavar="{train,demo}")
+    sub = parser.add_subparsers(dest="command", metavar="{train,demo,bench}")
     sub.add_parser(
         "train",
         help="train a causal LM with HybridHFTrainer (every TrainingArguments and hybrid_* field is a "
         "flag; `hf-hybrid train --help` lists them)",
         add_help=False,
     )
+    _add_bench_parser(sub)
     demo = sub.add_parser(
         "demo",
         help="plain Trainer vs HybridHFTrainer on a small model, offline, a few minutes on CPU",
@@ -177,6 +178,53 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_bench_parser(sub: Any) -> None:
+    bench = sub.add_parser(
+        "bench",
+        help="plain Trainer (tuned lr, several budgets) vs HybridHFTrainer vs a null control",
+        description="Runs every task with the plain transformers.Trainer (a learning-rate sweep, then its "
+        "frontier of step budgets at the best rate), HybridHFTrainer, and the null-predictor control, one "
+        "after the other in this process; writes results.json, report.md and a plot per task.",
+    )
+    bench.add_argument(
+        "--suite", choices=["tiny", "quick", "full"], default="quick", help="default: %(default)s"
+    )
+    bench.add_argument("--tasks", nargs="+", default=None, help="subset of the suite's tasks")
+    bench.add_argument("--seeds", nargs="+", type=int, default=None, help="override the suite's seeds")
+    bench.add_argument("--out", default=None, help="output folder (default: bench_results/<suite>)")
+    bench.add_argument(
+        "--hybrid",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a hybrid_* argument (repeatable), e.g. --hybrid hybrid_predictor=lowrank",
+    )
+
+
+def _parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """`hybrid_x=1` pairs, values typed by the HybridTrainingArguments field they set."""
+    import dataclasses
+    import typing
+
+    from .args import HybridArgumentsMixin
+
+    types = typing.get_type_hints(HybridArgumentsMixin)
+    names = {f.name for f in dataclasses.fields(HybridArgumentsMixin)}
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or name not in names:
+            raise ValueError(f"--hybrid expects FIELD=VALUE with FIELD one of {sorted(names)}, got {item!r}")
+        kind = types[name]
+        if kind is bool:
+            out[name] = text.lower() in ("1", "true", "yes")
+        elif kind in (int, float, str):
+            out[name] = kind(text)
+        else:  # `int | None`
+            out[name] = None if text.lower() == "none" else int(text)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "train":
@@ -199,6 +247,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             batch_size=args.batch_size,
             json_path=args.json,
         )
+        return 0
+    if args.command == "bench":
+        from .bench import run_bench
+
+        try:
+            overrides = _parse_overrides(args.hybrid)
+        except ValueError as exc:
+            parser.error(str(exc))
+        run_bench(args.suite, args.tasks, args.seeds, args.out, overrides)
         return 0
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse rejects it first
     return 2
@@ -223,23 +280,56 @@ def _positive_float(text: str) -> float:
 
 def parse_train_args(argv: Sequence[str]) -> tuple[ModelArguments, DataArguments, Any]:
     """Flags, or a single .json/.yaml argument file; invalid values exit with the field named."""
-    from transformers import HfArgumentParser
-
     from .args import HybridTrainingArguments
 
-    parser = HfArgumentParser(
-        (ModelArguments, DataArguments, HybridTrainingArguments), prog="hf-hybrid train"
-    )
+    return parse_arguments(
+        (ModelArguments, DataArguments, HybridTrainingArguments), argv, prog="hf-hybrid train"
+    )  # type: ignore[return-value]
+
+
+def parse_arguments(
+    dataclass_types: Sequence[Any],
+    argv: Sequence[str],
+    defaults: dict[str, Any] | None = None,
+    prog: str | None = None,
+) -> tuple[Any, ...]:
+    """`HfArgumentParser` over `dataclass_types`: flags, or a single .json/.yaml argument file.
+
+    `defaults` replace the dataclasses' own defaults in both forms (the examples use it for small,
+    CPU-sized runs). Invalid values exit with the field named, before any model is loaded.
+    """
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(dataclass_types, prog=prog)
+    parser.set_defaults(**(defaults or {}))
     try:
         if len(argv) == 1 and argv[0].endswith(ARGUMENT_FILE_SUFFIXES) and not argv[0].startswith("-"):
-            path = Path(argv[0]).resolve()
-            if path.suffix == ".json":
-                return parser.parse_json_file(json_file=path)
-            return parser.parse_yaml_file(yaml_file=path)
+            return parser.parse_dict({**(defaults or {}), **_read_argument_file(Path(argv[0]))})
         return parser.parse_args_into_dataclasses(args=list(argv), look_for_args_file=False)
-    except ValueError as exc:  # __post_init__ validation: report before any model is loaded
+    except ValueError as exc:  # __post_init__ validation or unknown keys
         parser.error(str(exc))
         raise  # pragma: no cover - parser.error exits
+
+
+def _read_argument_file(path: Path) -> dict[str, Any]:
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        values = json.loads(text)
+    else:
+        import yaml
+
+        values = yaml.safe_load(text)
+    if not isinstance(values, dict):
+        raise ValueError(f"argument file {path} must hold a mapping of argument names to values")
+    return values
+
+
+def resume_target(value: str | bool | None) -> str | bool | None:
+    """`--resume_from_checkpoint True` arrives as the string "True" (the field is `str | None`): that means
+    the newest checkpoint in `output_dir`, "False" means no resume, anything else is a checkpoint path."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return True if value.lower() == "true" else None
+    return value
 
 
 def train_main(argv: Sequence[str]) -> int:
@@ -279,7 +369,7 @@ def train_main(argv: Sequence[str]) -> int:
         processing_class=tokenizer,
         data_collator=default_data_collator,
     )
-    result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    result = trainer.train(resume_from_checkpoint=resume_target(training_args.resume_from_checkpoint))
     trainer.save_model()
     metrics = dict(result.metrics)
     metrics["train_samples"] = len(train_dataset)

@@ -11,6 +11,8 @@ rate schedule keeps advancing in every phase because the loop calls `lr_schedule
 from __future__ import annotations
 
 import logging
+import os
+import time
 from typing import Any
 
 import torch
@@ -29,8 +31,10 @@ from .checkpoint import (
     save_engine_state,
     save_timeline,
 )
-from .engine.engine import HybridEngine, StepOutcome, StepPlan, describe_mismatch
+from .engine.engine import EngineConfig, HybridEngine, StepOutcome, StepPlan, describe_mismatch
 from .engine.phases import Phase
+from .model_card import add_hybrid_section, card_context, render_section
+from .telemetry import TIMELINE_PLOT_FILE, log_image_to_wandb, plot_timeline, progress_postfix
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +53,13 @@ class HybridHFTrainer(Trainer):
         args: TrainingArguments | None = None,
         *more: Any,
         peft_config: Any = None,
+        engine_config: EngineConfig | None = None,
         **kwargs: Any,
     ) -> None:
+        """`engine_config` replaces the one built from the `hybrid_*` arguments (predictor options, or
+        the benchmark's replayed phase script)."""
         args = upcast_training_args(args)
+        self._engine_config = engine_config
         if peft_config is not None:
             model = _wrap_with_peft(model, peft_config)
         super().__init__(model, args, *more, **kwargs)
@@ -63,9 +71,14 @@ class HybridHFTrainer(Trainer):
         self._last_grad_norm: float | None = None
         self._real_optimizer_step: Any = None
         self._resume_checkpoint: str | None = None
+        self._step_started = 0.0
         if self.hybrid_args.hybrid_enabled:
             self.add_callback(_PhaseProgressCallback(self))
             self.add_callback(HybridStateCallback())
+
+    @property
+    def engine_config(self) -> EngineConfig:
+        return self._engine_config or self.hybrid_args.engine_config()
 
     @property
     def hybrid_args(self) -> HybridArgumentsMixin:
@@ -89,9 +102,7 @@ class HybridHFTrainer(Trainer):
         state = entry.get("state") or {}
         params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         try:
-            problem = describe_mismatch(
-                state["config"], state["parameters"], self.hybrid_args.engine_config(), params
-            )
+            problem = describe_mismatch(state["config"], state["parameters"], self.engine_config, params)
         except (KeyError, TypeError) as exc:
             problem = f"its hybrid state in trainer_state.json is damaged ({exc!r})"
         if problem:
@@ -101,11 +112,14 @@ class HybridHFTrainer(Trainer):
             )
 
     def _inner_training_loop(self, *args: Any, **kwargs: Any) -> Any:
-        """Thin wrapper: whatever happens, the optimizer gets its own `step` back."""
+        """Thin wrapper: whatever happens, the optimizer gets its own `step` back; after a finished run,
+        the phase-timeline plot."""
         try:
-            return super()._inner_training_loop(*args, **kwargs)
+            result = super()._inner_training_loop(*args, **kwargs)
         finally:
             self._unwrap_optimizer_step()
+        self._publish_timeline_plot()
+        return result
 
     def _prepare_for_training(
         self, max_steps: int, train_dataloader: Any, resume_from_checkpoint: Any
@@ -126,6 +140,23 @@ class HybridHFTrainer(Trainer):
             )
             self.engine = None
             return
+        if self.is_fsdp_enabled:
+            logger.warning(
+                "hf_hybrid: under FSDP the trainable parameters are sharded DTensors and the engine's norms, "
+                "dot products and finiteness checks are not yet made rank-consistent over shards (untested); "
+                "predict phases are off and this run trains exactly like the plain Trainer."
+            )
+            self.engine = None
+            return
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
+        if launched > 1 and self.accelerator.num_processes == 1:
+            raise ValueError(
+                f"HybridHFTrainer: launched as one of WORLD_SIZE={launched} processes, but this "
+                "process trains alone (accelerate found no GPU and `use_cpu` is False), so every process "
+                "would run the same training independently into the same output_dir. On a machine "
+                "without GPUs set `use_cpu=True` (`--use_cpu`) to train the processes together over "
+                "gloo, or launch one process."
+            )
         unwrapped = self.accelerator.unwrap_model(model)
         params = {name: p for name, p in unwrapped.named_parameters() if p.requires_grad}
         if not params:
@@ -133,7 +164,7 @@ class HybridHFTrainer(Trainer):
                 "HybridHFTrainer: the model has no trainable parameter (all have requires_grad=False); "
                 "unfreeze some parameters or pass a peft_config"
             )
-        self.engine = HybridEngine(params, self.hybrid_args.engine_config())
+        self.engine = HybridEngine(params, self.engine_config)
         self.hybrid_timeline = []
         self._planned_step = -1
         self._plan = None
@@ -176,6 +207,7 @@ class HybridHFTrainer(Trainer):
         if self._planned_step != self.state.global_step or self._plan is None:
             self._plan = self.engine.begin_step()
             self._planned_step = self.state.global_step
+            self._step_started = time.perf_counter()
             self._window_losses = []
         return self._plan
 
@@ -256,6 +288,7 @@ class HybridHFTrainer(Trainer):
                 "predicted_loss": self.engine.last_predicted_loss,
                 "rolled_back": outcome.rolled_back,
                 "level": int(outcome.level),
+                "seconds": time.perf_counter() - self._step_started,
             }
         )
 
@@ -308,7 +341,15 @@ class HybridHFTrainer(Trainer):
     # ---- what users see -------------------------------------------------------------------------
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """Training logs get the `hybrid/*` metrics (identical on every rank by construction)."""
+        """Training logs get the `hybrid/*` metrics, so every reporter and `trainer_state.json` see them
+        at the step of the training log.
+
+        No per-rank reduction is needed here: every metric is computed by the engine from quantities that
+        are already identical on every rank — the step loss is averaged over ranks before the engine sees
+        it (`_reduced_window_loss`), the gradient norm is of the synchronised gradients, the parameters
+        and so the updates and residuals are replicated, and counters follow the phase decisions, which
+        every rank takes identically.
+        """
         if self.engine is not None and "loss" in logs:
             logs.update({f"hybrid/{key}": value for key, value in self.engine.metrics().items()})
         super().log(logs, start_time)
@@ -318,6 +359,33 @@ class HybridHFTrainer(Trainer):
         if self.engine is None:
             return {"enabled": False, "steps_per_phase": {p.value: 0 for p in Phase}, "backward_skipped": 0}
         return {"enabled": True, **self.engine.stats()}
+
+    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
+        """HF's card (also the one `push_to_hub` writes), plus the "Hybrid training" section and the
+        `hf-hybrid` tag, added after peft has updated an adapter's card (peft rewrites the tags)."""
+        super().create_model_card(*args, **kwargs)
+        if self.engine is None or not self.is_world_process_zero():
+            return
+        context = card_context(
+            self.engine.stats(), self.engine.metrics(), self.hybrid_args.hybrid_dict(), self.hybrid_timeline
+        )
+        add_hybrid_section(os.path.join(self.args.output_dir, "README.md"), render_section(context))
+
+    def _publish_timeline_plot(self) -> None:
+        """World process zero: `output_dir/hybrid_timeline.png`, and the same image on the W&B run."""
+        if self.engine is None or not self.hybrid_timeline or not self.is_world_process_zero():
+            return
+        try:
+            path = plot_timeline(self.hybrid_timeline, os.path.join(self.args.output_dir, TIMELINE_PLOT_FILE))
+        except (ImportError, OSError) as exc:  # the trained model matters more than its plot
+            logger.warning("hf_hybrid: could not write the phase-timeline plot: %r", exc)
+            return
+        from transformers.integrations import WandbCallback
+
+        for callback in self.callback_handler.callbacks:
+            wandb = getattr(callback, "_wandb", None) if isinstance(callback, WandbCallback) else None
+            if wandb is not None and getattr(callback, "_initialized", False) and wandb.run is not None:
+                log_image_to_wandb(wandb, path, self.state.global_step)
 
 
 class _PhaseProgressCallback(TrainerCallback):
@@ -333,11 +401,8 @@ class _PhaseProgressCallback(TrainerCallback):
         for callback in self.trainer.callback_handler.callbacks:
             bar = getattr(callback, "training_bar", None) if isinstance(callback, ProgressCallback) else None
             if bar is not None:
-                stats = engine.stats()
-                phase = engine.controller.phase.value if engine.controller.phase else "-"
-                bar.set_postfix(
-                    phase=phase, skipped=f"{stats['backward_skipped_fraction']:.0%}", refresh=False
-                )
+                phase = engine.controller.phase.value if engine.controller.phase else None
+                bar.set_postfix(progress_postfix(phase, engine.stats()), refresh=False)
 
 
 def _wrap_with_peft(model: nn.Module | None, peft_config: Any) -> nn.Module:

@@ -41,6 +41,14 @@ class PhaseSchedule:
     confidence_threshold: float = 0.85
     correction_interval: int = 0
     min_history: int = 8
+    script: tuple[Phase, ...] | None = None  # replay a recorded phase sequence (the benchmark's controls)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """JSON-able form (a script is stored as its phase names)."""
+        values = asdict(self)
+        if self.script is not None:
+            values["script"] = [p.value for p in self.script]
+        return values
 
     def __post_init__(self) -> None:
         for name in ("warmup_steps", "full_steps", "correction_interval", "min_history"):
@@ -60,6 +68,9 @@ class PhaseController:
     with at least `min_history` observed real updates and a measured confidence at or above the
     threshold. It lasts `horizon` predicted steps (chosen by the caller, capped by `horizon_cap`),
     broken by a CORRECT step every `correction_interval` predicted steps and closed by one.
+
+    With `schedule.script` the decisions are not taken but replayed (FULL after its end): a control run
+    then goes through exactly the phases of the run it is compared with.
     """
 
     def __init__(self, schedule: PhaseSchedule) -> None:
@@ -87,6 +98,8 @@ class PhaseController:
 
     def _next_phase(self, confidence: float, history: int, choose_horizon: Callable[[int], int]) -> Phase:
         s = self.schedule
+        if s.script is not None:
+            return self._scripted()
         if self.steps_decided < s.warmup_steps:
             return Phase.WARMUP
         if self.phase is Phase.WARMUP:
@@ -116,6 +129,19 @@ class PhaseController:
             return self._predict()
         return Phase.FULL
 
+    def _scripted(self) -> Phase:
+        script = self.schedule.script
+        index = self.steps_decided
+        phase = script[index] if index < len(script) else Phase.FULL
+        if phase in (Phase.PREDICT, Phase.CORRECT):
+            rest = script[index + 1 :]
+            end = next((i for i, p in enumerate(rest) if p not in (Phase.PREDICT, Phase.CORRECT)), len(rest))
+            self.predict_remaining = sum(p is Phase.PREDICT for p in rest[:end])
+            if phase is Phase.PREDICT and not self.in_predict_phase:
+                self.horizon = 1 + self.predict_remaining
+            self.predicted_since_correct = self.predicted_since_correct + 1 if phase is Phase.PREDICT else 0
+        return phase
+
     def _predict(self) -> Phase:
         self.predict_remaining -= 1
         self.predicted_since_correct += 1
@@ -143,7 +169,7 @@ class PhaseController:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "schedule": asdict(self.schedule),
+            "schedule": self.schedule.fingerprint(),
             "steps_decided": self.steps_decided,
             "phase": None if self.phase is None else self.phase.value,
             "full_remaining": self.full_remaining,
@@ -155,9 +181,9 @@ class PhaseController:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["schedule"] != asdict(self.schedule):
+        if state["schedule"] != self.schedule.fingerprint():
             raise ValueError(
-                f"phase schedule differs: saved {state['schedule']}, configured {asdict(self.schedule)}"
+                f"phase schedule differs: saved {state['schedule']}, configured {self.schedule.fingerprint()}"
             )
         self.steps_decided = int(state["steps_decided"])
         self.phase = None if state["phase"] is None else Phase(state["phase"])

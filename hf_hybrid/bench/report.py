@@ -1,0 +1,141 @@
+"""Benchmark outputs: results.json (every run), report.md (the table), one plot per task."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .suite import TaskReport
+
+PHASE_COLORS = {"warmup": "#dddddd", "full": "#ffffff", "predict": "#ffd59e", "correct": "#b9e3b9"}
+
+
+def write_report(reports: list[TaskReport], out: str | Path, meta: dict[str, Any]) -> dict[str, Path]:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {**meta, "machine": _machine()}
+    results = {
+        "meta": meta,
+        "overall": overall(reports),
+        "tasks": [
+            {
+                "task": r.task,
+                "best_lr_multiplier": r.best_lr_multiplier,
+                "summary": r.summary,
+                "per_seed": r.per_seed,
+                "runs": [run.to_dict() for run in r.runs],
+            }
+            for r in reports
+        ],
+    }
+    paths = {"json": out / "results.json", "markdown": out / "report.md"}
+    paths["json"].write_text(json.dumps(results, indent=1, default=str))
+    paths["markdown"].write_text(markdown(reports, meta))
+    for r in reports:
+        paths[f"plot_{r.task}"] = plot_task(r, out / f"{r.task}.png")
+    return paths
+
+
+def overall(reports: list[TaskReport]) -> dict[str, float]:
+    """Median over tasks of each task's median: the headline numbers."""
+    if not reports:
+        return {}
+    keys = ("hybrid_speedup_time_median", "hybrid_speedup_units_median", "null_speedup_time_median",
+            "null_speedup_units_median", "hybrid_backward_skipped_fraction_median")  # fmt: skip
+    return {key: statistics.median(r.summary[key] for r in reports) for key in keys}
+
+
+def markdown(reports: list[TaskReport], meta: dict[str, Any]) -> str:
+    lines = [
+        f"# hf-hybrid bench — suite `{meta.get('suite')}`",
+        "",
+        f"Command: `{meta.get('command')}`  ",
+        f"Machine: {meta['machine']}  ",
+        "Speed-up = plain Trainer's cost to reach the run's final eval loss (interpolated on its frontier of "
+        "complete runs at 1/4, 1/2, 3/4 and all of N steps, at its best learning rate from the sweep) / the "
+        "run's cost. Time excludes evaluation; units count forward = 1, backward = 2. `>` marks a lower "
+        "bound (better than every frontier point), `<` an upper bound (worse than the cheapest).",
+        "",
+        "| task | best lr | seeds | run | eval loss − plain (median) | speed-up time (median, min–max) "
+        "| speed-up units (median) | backward skipped | wall / plain | extra memory / trainable |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in reports:
+        s = r.summary
+        for name in ("hybrid", "null"):
+            kind = _bound_mark(r.per_seed, name)
+            lines.append(
+                f"| {r.task} | x{r.best_lr_multiplier:g} | {s['seeds']} | {name} "
+                f"| {s[f'{name}_eval_loss_minus_plain_median']:+.4f} "
+                f"| {kind}{s[f'{name}_speedup_time_median']:.2f}x ({s[f'{name}_speedup_time_min']:.2f}–"
+                f"{s[f'{name}_speedup_time_max']:.2f}) "
+                f"| {kind}{s[f'{name}_speedup_units_median']:.2f}x "
+                f"| {s[f'{name}_backward_skipped_fraction_median']:.1%} "
+                f"| {s[f'{name}_wall_ratio_vs_plain_median']:.2f} "
+                f"| {s[f'{name}_extra_memory_ratio_median']:.2f} |"
+            )
+    lines += ["", "Plain Trainer seed-to-seed spread of final eval loss (max − min):"]
+    lines += [f"- {r.task}: {r.summary['plain_eval_loss_spread']:.4f}" for r in reports]
+    total = overall(reports)
+    if total:
+        lines += [
+            "",
+            f"**Median over tasks**: hybrid speed-up {total['hybrid_speedup_time_median']:.2f}x in time, "
+            f"{total['hybrid_speedup_units_median']:.2f}x in compute units; null control "
+            f"{total['null_speedup_time_median']:.2f}x / {total['null_speedup_units_median']:.2f}x.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _bound_mark(per_seed: list[dict[str, Any]], name: str) -> str:
+    kinds = {row[name]["speedup_time_kind"] for row in per_seed}
+    return ">" if kinds == {"lower_bound"} else "<" if kinds == {"upper_bound"} else ""
+
+
+def plot_task(report: TaskReport, path: Path) -> Path:
+    """Eval loss against training seconds for every run; the hybrid run's phases shaded per step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    for run in report.runs:
+        xs = [0.0] + [p["seconds"] for p in run.curve]
+        ys = [float("nan")] + [p["eval_loss"] for p in run.curve]
+        spec = run.spec
+        if spec.kind == "plain":
+            tuned = spec.lr_multiplier == report.best_lr_multiplier
+            label = f"plain lr x{spec.lr_multiplier:g} budget {spec.budget:g} seed {spec.seed}"
+            left.plot(xs, ys, "-o" if tuned else ":", color="C0" if tuned else "0.7", ms=3, lw=1, label=label)
+        else:
+            left.plot(xs, ys, "-s", color="C3" if spec.kind == "hybrid" else "C2", ms=4, lw=1.5,
+                      label=f"{spec.kind} seed {spec.seed}")  # fmt: skip
+    left.set_xlabel("training seconds (evaluation excluded)")
+    left.set_ylabel("eval loss")
+    left.set_title(f"{report.task}: eval loss vs wall-clock")
+    left.legend(fontsize=6)
+    hybrid = next((r for r in report.runs if r.spec.kind == "hybrid"), None)
+    if hybrid is not None:
+        for step, phase in enumerate(hybrid.phases, start=1):
+            right.axvspan(step - 0.5, step + 0.5, color=PHASE_COLORS.get(phase, "white"), lw=0)
+        steps = [i for i, loss in enumerate(hybrid.losses, start=1) if loss is not None]
+        right.plot(steps, [hybrid.losses[i - 1] for i in steps], color="C3", lw=0.8)
+        right.set_xlabel("optimizer step (shading: grey warmup, orange predict, green correct)")
+        right.set_ylabel("training loss (measured steps)")
+        right.set_title(f"hybrid run, seed {hybrid.spec.seed}: phases")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _machine() -> str:
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
+    cpu = platform.processor() or platform.machine()
+    return f"{cpu}, {device}, torch {torch.__version__}, {torch.get_num_threads()} torch threads"

@@ -1,0 +1,177 @@
+"""One benchmark run: a task, a trainer kind, a learning rate, a step budget, a seed.
+
+Training time excludes evaluation (both trainers evaluate at the same steps, and evaluation is not
+what either of them speeds up). Compute is counted in forward-pass units: forward 1, backward 2, so
+a real step costs 3 and a checked predicted step 1 (a blind one 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_callback import PrinterCallback
+
+from ..args import HybridTrainingArguments
+from ..engine.engine import CHECKED_PREDICT_COST, FULL_STEP_COST
+from ..engine.phases import Phase
+from ..trainer import HybridHFTrainer
+from .tasks import get_task
+
+KINDS = ("plain", "hybrid", "null")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    task: str
+    size: str
+    kind: str
+    seed: int = 0
+    lr_multiplier: float = 1.0
+    budget: float = 1.0  # fraction of the task's step count
+    eval_points: int = 4
+    hybrid_overrides: tuple[tuple[str, Any], ...] = ()
+    script: tuple[str, ...] | None = None  # phase sequence a `null` control replays
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"`kind` must be one of {KINDS}, got {self.kind!r}")
+        if not 0 < self.budget <= 1:
+            raise ValueError(f"`budget` must be in (0, 1], got {self.budget}")
+
+
+@dataclass
+class RunResult:
+    spec: RunSpec
+    steps: int
+    learning_rate: float
+    train_seconds: float
+    compute_units: float
+    eval_loss: float
+    curve: list[dict[str, float]] = field(default_factory=list)  # per evaluation: step, seconds, units, loss
+    stats: dict[str, Any] = field(default_factory=dict)
+    phases: list[str] = field(default_factory=list)
+    losses: list[float | None] = field(default_factory=list)
+    trainable_bytes: int = 0
+    engine_bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class _Clock(TrainerCallback):
+    """Training time without evaluation, and the eval-loss curve against it."""
+
+    def __init__(self) -> None:
+        self.start = 0.0
+        self.eval_seconds = 0.0
+        self.last_step_end = 0.0
+        self.trainer: Trainer | None = None
+        self.curve: list[dict[str, float]] = []
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.start = time.perf_counter()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.last_step_end = time.perf_counter()
+
+    def on_evaluate(
+        self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kwargs: Any
+    ) -> None:
+        trained = self.train_seconds()
+        self.eval_seconds += time.perf_counter() - self.last_step_end
+        self.curve.append(
+            {
+                "step": state.global_step,
+                "seconds": trained,
+                "units": compute_units(self.trainer, state.global_step),
+                "eval_loss": float((metrics or {}).get("eval_loss", float("nan"))),
+            }
+        )
+
+    def train_seconds(self) -> float:
+        return self.last_step_end - self.start - self.eval_seconds
+
+
+def compute_units(trainer: Trainer | None, steps: int) -> float:
+    """Forward-pass units spent so far: 3 per real step, 1 per checked predicted step."""
+    if isinstance(trainer, HybridHFTrainer) and trainer.engine is not None:
+        stats = trainer.engine.stats()
+        return stats["backward_run"] * FULL_STEP_COST + stats["predict_checked"] * CHECKED_PREDICT_COST
+    return steps * FULL_STEP_COST
+
+
+def run(spec: RunSpec, output_dir: str | None = None) -> RunResult:
+    """Train once and measure; every run in one benchmark goes through here, one after the other."""
+    task = get_task(spec.task)
+    size = task.size(spec.size)
+    steps = max(1, round(size.steps * spec.budget))
+    model, train, evaluation = task.build(size, spec.seed)
+    lr = task.learning_rate * spec.lr_multiplier
+    with tempfile.TemporaryDirectory() as tmp:
+        args = _arguments(spec, output_dir or tmp, steps, size.batch_size, lr, task)
+        clock = _Clock()
+        trainer_cls = Trainer if spec.kind == "plain" else HybridHFTrainer
+        extra = {"engine_config": _null_engine_config(args, spec)} if spec.kind == "null" else {}
+        trainer = trainer_cls(
+            model=model, args=args, train_dataset=train, eval_dataset=evaluation, callbacks=[clock], **extra
+        )
+        trainer.remove_callback(PrinterCallback)  # the report prints the numbers; no log dict per step
+        clock.trainer = trainer
+        trainer.train()
+    trainable = [p for p in trainer.model.parameters() if p.requires_grad]
+    hybrid = isinstance(trainer, HybridHFTrainer) and trainer.engine is not None
+    timeline = trainer.hybrid_timeline if hybrid else []
+    return RunResult(
+        spec=spec,
+        steps=steps,
+        learning_rate=lr,
+        train_seconds=clock.train_seconds(),
+        compute_units=compute_units(trainer, steps),
+        eval_loss=clock.curve[-1]["eval_loss"] if clock.curve else float("nan"),
+        curve=clock.curve,
+        stats=trainer.hybrid_stats() if hybrid else {},
+        phases=[row["phase"] for row in timeline] or [Phase.FULL.value] * steps,
+        losses=[row["loss"] for row in timeline],
+        trainable_bytes=sum(p.numel() * p.element_size() for p in trainable),
+        engine_bytes=trainer.engine.nbytes() if hybrid else 0,
+    )
+
+
+def _arguments(
+    spec: RunSpec, output_dir: str, steps: int, batch: int, lr: float, task: Any
+) -> TrainingArguments:
+    common: dict[str, Any] = {
+        "output_dir": output_dir,
+        "max_steps": steps,
+        "per_device_train_batch_size": batch,
+        "per_device_eval_batch_size": 64,
+        "learning_rate": lr,
+        "weight_decay": task.weight_decay,
+        "eval_strategy": "steps",
+        "eval_steps": max(1, steps // spec.eval_points),
+        "logging_steps": max(1, steps // spec.eval_points),
+        "save_strategy": "no",
+        "report_to": "none",
+        "seed": spec.seed,
+        "data_seed": spec.seed,
+        "disable_tqdm": True,
+        "dataloader_num_workers": 0,
+        "use_cpu": not torch.cuda.is_available(),
+    }
+    if spec.kind == "plain":
+        return TrainingArguments(**common)
+    return HybridTrainingArguments(**common, **dict(spec.hybrid_overrides))
+
+
+def _null_engine_config(args: HybridTrainingArguments, spec: RunSpec) -> Any:
+    """The hybrid configuration with the null predictor, replaying the hybrid run's phases."""
+    config = args.engine_config()
+    script = None if spec.script is None else tuple(Phase(p) for p in spec.script)
+    schedule = dataclasses.replace(config.schedule, script=script)
+    return dataclasses.replace(config, predictor="null", schedule=schedule)

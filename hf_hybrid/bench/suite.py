@@ -1,0 +1,144 @@
+"""The side-by-side benchmark: plain Trainer (tuned LR, several budgets) vs HybridHFTrainer vs null control.
+
+Per task: a learning-rate sweep of the plain Trainer at the full budget (on the first seed) picks its
+best learning rate; at that rate, for every seed, the plain Trainer runs at each budget (its frontier),
+the hybrid trainer runs at the full budget, and the null control (the null predictor replaying the
+hybrid run's exact phases) runs too. All runs of one invocation share the process, one after the other.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .frontier import speedup
+from .runner import RunResult, RunSpec, run
+
+logger = logging.getLogger(__name__)
+
+SUITES: dict[str, dict[str, Any]] = {
+    "tiny": {"size": "tiny", "tasks": ("clm_stdlib",), "seeds": (0,), "lr_multipliers": (1.0, 2.0)},
+    "quick": {
+        "size": "quick",
+        "tasks": ("clm_stdlib", "minilm_cls", "minilm_lora"),
+        "seeds": (0,),
+        "lr_multipliers": (0.5, 1.0, 2.0, 4.0),
+    },
+    "full": {
+        "size": "full",
+        "tasks": ("clm_stdlib", "minilm_cls", "minilm_lora"),
+        "seeds": (0, 1, 2),
+        "lr_multipliers": (0.5, 1.0, 2.0, 4.0),
+    },
+}
+BUDGETS = (0.25, 0.5, 0.75, 1.0)
+
+
+@dataclass
+class TaskReport:
+    task: str
+    best_lr_multiplier: float
+    runs: list[RunResult] = field(default_factory=list)
+    per_seed: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def run_suite(
+    suite: str,
+    tasks: Sequence[str] | None = None,
+    seeds: Sequence[int] | None = None,
+    hybrid_overrides: dict[str, Any] | None = None,
+    progress: Callable[[str], None] = logger.info,
+) -> list[TaskReport]:
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r}; suites: {sorted(SUITES)}")
+    config = SUITES[suite]
+    overrides = tuple(sorted((hybrid_overrides or {}).items()))
+    reports = []
+    for task in tasks or config["tasks"]:
+        reports.append(
+            _run_task(
+                task, config["size"], seeds or config["seeds"], config["lr_multipliers"], overrides, progress
+            )
+        )
+    return reports
+
+
+def _run_task(
+    task: str,
+    size: str,
+    seeds: Sequence[int],
+    multipliers: Sequence[float],
+    overrides: tuple[tuple[str, Any], ...],
+    progress: Callable[[str], None],
+) -> TaskReport:
+    def go(spec: RunSpec) -> RunResult:
+        result = run(spec)
+        progress(
+            f"{task} seed {spec.seed} {spec.kind:6s} lr x{spec.lr_multiplier:<4g} budget {spec.budget:<4g} "
+            f"eval loss {result.eval_loss:.4f} {result.train_seconds:6.1f}s {result.compute_units:7.0f} units"
+        )
+        return result
+
+    run(RunSpec(task, size, "plain", seeds[0], budget=BUDGETS[0]))  # untimed warm-up: caches, allocator
+    sweep = [go(RunSpec(task, size, "plain", seeds[0], m)) for m in multipliers]
+    best = min(sweep, key=lambda r: r.eval_loss).spec.lr_multiplier
+    report = TaskReport(task, best, runs=list(sweep))
+    for seed in seeds:
+        frontier = [r for r in sweep if r.spec.lr_multiplier == best and r.spec.seed == seed]
+        for budget in BUDGETS:
+            if not any(r.spec.budget == budget for r in frontier):
+                frontier.append(go(RunSpec(task, size, "plain", seed, best, budget)))
+        hybrid = go(RunSpec(task, size, "hybrid", seed, best, hybrid_overrides=overrides))
+        null = go(
+            RunSpec(task, size, "null", seed, best, hybrid_overrides=overrides, script=tuple(hybrid.phases))
+        )
+        report.runs += [r for r in frontier if r not in report.runs] + [hybrid, null]
+        report.per_seed.append(_compare(seed, frontier, hybrid, null))
+    report.summary = _summarize(report.per_seed)
+    return report
+
+
+def _compare(seed: int, frontier: list[RunResult], hybrid: RunResult, null: RunResult) -> dict[str, Any]:
+    by_time = [(r.train_seconds, r.eval_loss) for r in frontier]
+    by_units = [(r.compute_units, r.eval_loss) for r in frontier]
+    full = next(r for r in frontier if r.spec.budget == 1.0)
+    row: dict[str, Any] = {
+        "seed": seed,
+        "plain_eval_loss": full.eval_loss,
+        "plain_seconds": full.train_seconds,
+    }
+    for name, result in (("hybrid", hybrid), ("null", null)):
+        time_speedup = speedup(by_time, result.eval_loss, result.train_seconds)
+        unit_speedup = speedup(by_units, result.eval_loss, result.compute_units)
+        row[name] = {
+            "eval_loss": result.eval_loss,
+            "eval_loss_minus_plain": result.eval_loss - full.eval_loss,
+            "seconds": result.train_seconds,
+            "speedup_time": time_speedup.ratio,
+            "speedup_time_kind": time_speedup.kind,
+            "speedup_units": unit_speedup.ratio,
+            "speedup_units_kind": unit_speedup.kind,
+            "backward_skipped_fraction": result.stats.get("backward_skipped_fraction", 0.0),
+            "rollbacks": result.stats.get("rollbacks", 0),
+            "extra_memory_ratio": result.engine_bytes / max(result.trainable_bytes, 1),
+            "wall_ratio_vs_plain": result.train_seconds / full.train_seconds,
+        }
+    return row
+
+
+def _summarize(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"seeds": len(per_seed)}
+    plain_losses = [row["plain_eval_loss"] for row in per_seed]
+    out["plain_eval_loss_spread"] = max(plain_losses) - min(plain_losses)
+    for name in ("hybrid", "null"):
+        for key in ("speedup_time", "speedup_units", "eval_loss_minus_plain", "backward_skipped_fraction",
+                    "wall_ratio_vs_plain", "extra_memory_ratio"):  # fmt: skip
+            values = [row[name][key] for row in per_seed]
+            out[f"{name}_{key}_median"] = statistics.median(values)
+            out[f"{name}_{key}_min"] = min(values)
+            out[f"{name}_{key}_max"] = max(values)
+    return out

@@ -1,0 +1,98 @@
+"""The benchmark: frontier maths, replayed control phases, a tiny suite end to end (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from hf_hybrid.bench.frontier import cost_to_reach, envelope, speedup
+from hf_hybrid.engine.phases import Phase, PhaseController, PhaseSchedule
+
+FRONTIER = [(10.0, 3.0), (20.0, 2.5), (30.0, 2.2), (40.0, 2.0)]
+
+
+class TestFrontier:
+    def test_envelope_drops_points_that_do_not_improve(self):
+        assert envelope([(20.0, 2.5), (10.0, 3.0), (30.0, 2.6), (40.0, 2.0)]) == [
+            (10.0, 3.0),
+            (20.0, 2.5),
+            (40.0, 2.0),
+        ]
+
+    def test_interpolates_between_bracketing_budgets(self):
+        cost, kind = cost_to_reach(FRONTIER, 2.35)
+        assert kind == "interpolated"
+        assert cost == pytest.approx(25.0)
+        assert cost_to_reach(FRONTIER, 2.0) == (40.0, "interpolated")
+
+    def test_better_than_every_point_is_a_lower_bound(self):
+        result = speedup(FRONTIER, 1.9, cost=20.0)
+        assert (result.ratio, result.kind) == (2.0, "lower_bound")
+
+    def test_worse_than_the_cheapest_point_is_an_upper_bound(self):
+        result = speedup(FRONTIER, 3.5, cost=40.0)
+        assert (result.ratio, result.kind) == (0.25, "upper_bound")
+
+    def test_equal_quality_at_equal_cost_is_one(self):
+        assert speedup(FRONTIER, 2.2, cost=30.0).ratio == pytest.approx(1.0)
+
+    def test_diverged_run_has_no_speedup(self):
+        assert speedup(FRONTIER, math.nan, cost=10.0).kind == "diverged"
+
+
+def test_a_scripted_controller_replays_the_phases_exactly():
+    W, F, P, C = Phase.WARMUP, Phase.FULL, Phase.PREDICT, Phase.CORRECT
+    script = (W, W, F, P, P, C, F, P, C, P, C, F)
+    controller = PhaseController(PhaseSchedule(warmup_steps=2, script=script))
+    decided = [controller.decide(0.0, 0, lambda cap: 99) for _ in range(len(script) + 2)]
+    assert decided == [*script, F, F]
+
+
+@pytest.fixture(scope="module")
+def tiny_bench(tmp_path_factory):
+    from hf_hybrid.bench import run_bench
+
+    out = tmp_path_factory.mktemp("bench")
+    lines: list[str] = []
+    overrides = {"hybrid_warmup_steps": 5, "hybrid_full_steps": 2, "hybrid_confidence_threshold": 0.0,
+                 "hybrid_min_history": 3, "hybrid_max_predict_steps": 4}  # fmt: skip
+    paths = run_bench("tiny", out=out, hybrid_overrides=overrides, echo=lines.append)
+    return out, paths, "\n".join(lines)
+
+
+def test_tiny_suite_writes_json_report_and_plot(tiny_bench):
+    out, paths, printed = tiny_bench
+    results = json.loads((out / "results.json").read_text())
+    (task,) = results["tasks"]
+    kinds = sorted({(r["spec"]["kind"], r["spec"]["budget"]) for r in task["runs"]})
+    assert ("hybrid", 1.0) in kinds and ("null", 1.0) in kinds
+    assert {b for k, b in kinds if k == "plain"} == {0.25, 0.5, 0.75, 1.0}
+    assert {r["spec"]["lr_multiplier"] for r in task["runs"] if r["spec"]["kind"] == "plain"} == {1.0, 2.0}
+    assert "| clm_stdlib |" in printed and "| hybrid |" in printed and "| null |" in printed
+    assert (out / "clm_stdlib.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert paths["markdown"].read_text() in printed
+
+
+def test_null_control_replays_the_hybrid_phases_and_applies_nothing(tiny_bench):
+    out, _, _ = tiny_bench
+    runs = json.loads((out / "results.json").read_text())["tasks"][0]["runs"]
+    hybrid = next(r for r in runs if r["spec"]["kind"] == "hybrid")
+    null = next(r for r in runs if r["spec"]["kind"] == "null")
+    assert "predict" in hybrid["phases"]
+    assert null["phases"] == hybrid["phases"]
+    assert null["stats"]["backward_skipped"] == hybrid["stats"]["backward_skipped"]
+    assert null["stats"]["predictor_bytes"] == 0
+
+
+def test_compute_units_follow_the_phase_counts(tiny_bench):
+    out, _, _ = tiny_bench
+    runs = json.loads((out / "results.json").read_text())["tasks"][0]["runs"]
+    for run in runs:
+        if run["spec"]["kind"] == "plain":
+            assert run["compute_units"] == 3 * run["steps"]
+        else:
+            stats = run["stats"]
+            assert run["compute_units"] == 3 * stats["backward_run"] + stats["predict_checked"]
+            assert run["compute_units"] < 3 * run["steps"]
