@@ -142,9 +142,10 @@ class HybridHFTrainer(Trainer):
             return
         if self.is_fsdp_enabled:
             logger.warning(
-                "hf_hybrid: under FSDP the trainable parameters are sharded DTensors and the engine's norms, "
-                "dot products and finiteness checks are not yet made rank-consistent over shards (untested); "
-                "predict phases are off and this run trains exactly like the plain Trainer."
+                "hf_hybrid: under FSDP the trainable parameters are sharded DTensors, which the engine does "
+                "not handle yet (its dot products fail on them; its norms and finiteness checks would see "
+                "one shard per rank); predict phases are off and this run trains exactly like the plain "
+                "Trainer."
             )
             self.engine = None
             return
@@ -164,7 +165,7 @@ class HybridHFTrainer(Trainer):
                 "HybridHFTrainer: the model has no trainable parameter (all have requires_grad=False); "
                 "unfreeze some parameters or pass a peft_config"
             )
-        self.engine = HybridEngine(params, self.engine_config)
+        self.engine = HybridEngine(params, self.engine_config, optimizer=self.optimizer)
         self.hybrid_timeline = []
         self._planned_step = -1
         self._plan = None

@@ -21,7 +21,7 @@ BAD_VALUES = [
     ("hybrid_confidence_threshold", 1.5, r"number in \[0.0, 1.0\]"),
     ("hybrid_confidence_threshold", float("nan"), r"number in \[0.0, 1.0\]"),
     ("hybrid_correction_interval", -1, r"integer >= 0"),
-    ("hybrid_predictor", "magic", r"one of \['ema', 'lowrank', 'null'\]"),
+    ("hybrid_predictor", "magic", r"one of \['adam', 'ema', 'lowrank', 'null'\]"),
     ("hybrid_check_every", -2, r"integer >= 0"),
     ("hybrid_max_delta", 0.0, r"number in \(0.0, 1.0\]"),
     ("hybrid_max_delta", 2.0, r"number in \(0.0, 1.0\]"),
@@ -85,7 +85,7 @@ def test_parser_rejects_a_predictor_outside_the_registry(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path), "--hybrid_predictor", "magic"])
     assert "invalid choice" in capsys.readouterr().err
-    assert sorted(PREDICTORS) == ["ema", "lowrank", "null"]
+    assert sorted(PREDICTORS) == ["adam", "ema", "lowrank", "null"]
 
 
 def test_engine_config_takes_the_training_seed_by_default(tmp_path):

@@ -51,7 +51,7 @@ class EngineConfig:
 
     def fingerprint(self) -> dict[str, Any]:
         """What must match for a saved engine state to mean anything to this one."""
-        return asdict(self)
+        return {**asdict(self), "schedule": self.schedule.fingerprint()}
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,12 @@ class StepOutcome:
 class HybridEngine:
     """Phase controller, predictor, loss dynamics, residuals, divergence monitor and guard, wired."""
 
-    def __init__(self, params: Mapping[str, torch.Tensor], config: EngineConfig | None = None) -> None:
+    def __init__(
+        self,
+        params: Mapping[str, torch.Tensor],
+        config: EngineConfig | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> None:
         self.config = config or EngineConfig()
         if not params:
             raise ValueError("HybridEngine needs at least one trainable parameter; the model has none")
@@ -83,7 +88,9 @@ class HybridEngine:
         self.bandit = HorizonBandit(
             default_arms(s.min_predict_steps, s.max_predict_steps), seed=self.config.seed, exploration=0.3
         )
-        self.predictor = build_predictor(self.config.predictor, **self.config.predictor_kwargs)
+        self.predictor = build_predictor(
+            self.config.predictor, params=self.params, optimizer=optimizer, **self.config.predictor_kwargs
+        )
         self.dynamics = LossDynamics(seed=self.config.seed)
         self.monitor = DivergenceMonitor(sigma=self.config.divergence_sigma)
         self.store = ResidualStore()
@@ -426,7 +433,9 @@ class HybridEngine:
             "horizon": float(self.controller.horizon),
             "horizon_cap": float(self.controller.horizon_cap),
             "corrector_scale": self.corrector.scale,
+            "backward_run": float(stats["backward_run"]),
             "backward_skipped": float(stats["backward_skipped"]),
+            "predict_phases": float(stats["predict_phases"]),
             "backward_skipped_fraction": stats["backward_skipped_fraction"],
             "compute_saved_fraction": stats["compute_saved_fraction"],
             "rollbacks": float(stats["rollbacks"]),
@@ -443,6 +452,13 @@ class HybridEngine:
             out["update_cosine"] = sum(r.cosine for r in recent) / len(recent)
             out["update_norm_ratio"] = sum(r.norm_ratio for r in recent) / len(recent)
             out["update_skill"] = sum(r.skill(self.corrector.scale) for r in recent) / len(recent)
+            # ||s*p - d|| (absolute and relative to ||d||): how far the scaled guess was from the real update
+            s = self.corrector.scale
+            norms = [math.sqrt(max(s * s * r.pp - 2.0 * s * r.pd + r.dd, 0.0)) for r in recent]
+            out["residual_norm"] = sum(norms) / len(norms)
+            relative = [math.sqrt(max(1.0 - r.skill(s), 0.0)) for r in recent if r.dd > 0]
+            if relative:
+                out["residual_rel_norm"] = sum(relative) / len(relative)
         if self.last_predicted_loss is not None:
             out["predicted_loss"] = self.last_predicted_loss
         if self.last_measured_loss is not None:

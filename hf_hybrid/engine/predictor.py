@@ -22,6 +22,7 @@ class DeltaPredictor(ABC):
     """Interface every predictor implements; register new ones with `@register_predictor`."""
 
     name: ClassVar[str]
+    needs_optimizer: ClassVar[bool] = False  # built with (params, optimizer) when True
 
     def __init__(self) -> None:
         self.observed = 0
@@ -74,10 +75,21 @@ def register_predictor(cls: type[DeltaPredictor]) -> type[DeltaPredictor]:
     return cls
 
 
-def build_predictor(name: str, **kwargs: Any) -> DeltaPredictor:
+def build_predictor(
+    name: str,
+    params: Mapping[str, torch.Tensor] | None = None,
+    optimizer: torch.optim.Optimizer | None = None,
+    **kwargs: Any,
+) -> DeltaPredictor:
+    """A registered predictor; those that read the optimizer (`needs_optimizer`) get params and optimizer."""
     if name not in PREDICTORS:
         raise ValueError(f"unknown predictor {name!r}; available: {sorted(PREDICTORS)}")
-    return PREDICTORS[name](**kwargs)
+    cls = PREDICTORS[name]
+    if cls.needs_optimizer:
+        if optimizer is None or params is None:
+            raise ValueError(f"predictor {name!r} needs the optimizer and the parameters")
+        return cls(params=params, optimizer=optimizer, **kwargs)
+    return cls(**kwargs)
 
 
 @register_predictor
@@ -226,6 +238,62 @@ class LowRankPredictor(DeltaPredictor):
 
     def load_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         self.history = {key.removeprefix("history."): t.float().clone() for key, t in tensors.items()}
+
+
+@register_predictor
+class AdamReplayPredictor(DeltaPredictor):
+    """The optimizer's own next step with no new gradient: Adam/AdamW moments decayed, state untouched.
+
+    With no gradient for k steps, m decays by beta1**k and v by beta2**k, so the update is
+    -lr * m_hat / (sqrt(v_hat) + eps) (plus AdamW's decoupled decay) at step t + k, read from the
+    optimizer's live state and learning rate. It keeps no buffer of its own (zero extra memory).
+    """
+
+    name = "adam"
+    needs_optimizer = True
+
+    def __init__(self, params: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer) -> None:
+        super().__init__()
+        inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper keeps the real one here
+        if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+            raise ValueError(
+                f"hybrid_predictor='adam' replays torch.optim.Adam/AdamW state; the optimizer is "
+                f"{type(inner).__name__} (use optim='adamw_torch', or another predictor)"
+            )
+        self.optimizer = inner
+        self.params = dict(params)
+        self.group_of = {id(p): group for group in inner.param_groups for p in group["params"]}
+
+    def observe(self, deltas: Mapping[str, torch.Tensor]) -> None:
+        self.observed += 1
+
+    @torch.no_grad()
+    def predict(self, steps_ahead: int) -> Deltas | None:
+        out: Deltas = {}
+        for name, p in self.params.items():
+            state = self.optimizer.state.get(p)
+            if not state or "exp_avg" not in state:
+                continue
+            group = self.group_of[id(p)]
+            beta1, beta2 = group["betas"]
+            step = float(state["step"]) + steps_ahead
+            m_hat = state["exp_avg"].float() * beta1**steps_ahead / (1 - beta1**step)
+            v_hat = state["exp_avg_sq"].float() * beta2**steps_ahead / (1 - beta2**step)
+            lr = float(group["lr"])
+            update = -lr * m_hat / (v_hat.sqrt() + group["eps"])
+            if isinstance(self.optimizer, torch.optim.AdamW) and group["weight_decay"]:
+                update -= lr * group["weight_decay"] * p.detach().float()
+            out[name] = update
+        return out or None
+
+    def reset(self) -> None:
+        self.observed = 0
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def load_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        return None
 
 
 def delta_dot_products(

@@ -276,3 +276,50 @@ class TestDotProducts:
         assert delta_dot_products(None, {}) == (0.0, 0.0, 0.0)
         assert cosine(1.0, 0.0, 1.0) == 0.0
         assert math.isclose(cosine(-1.0, 1.0, 1.0), -1.0)
+
+
+class TestAdamReplay:
+    @staticmethod
+    def _trained(optimizer_cls, weight_decay):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+        optimizer = optimizer_cls(model.parameters(), lr=1e-2, weight_decay=weight_decay)
+        x, y = torch.randn(16, 4), torch.randn(16, 2)
+        for _ in range(5):
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+        return model, optimizer
+
+    @pytest.mark.parametrize(
+        ("optimizer_cls", "weight_decay"), [(torch.optim.AdamW, 0.1), (torch.optim.Adam, 0.0)]
+    )
+    def test_predicts_what_the_optimizer_does_with_zero_gradients(self, optimizer_cls, weight_decay):
+        import copy
+
+        model, optimizer = self._trained(optimizer_cls, weight_decay)
+        twin = copy.deepcopy(model)
+        twin_optimizer = optimizer_cls(twin.parameters(), lr=1e-2, weight_decay=weight_decay)
+        twin_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))
+        params = dict(model.named_parameters())
+        predictor = build_predictor("adam", params=params, optimizer=optimizer)
+        for k in (1, 2, 3):  # as the engine does: each prediction from the weights the previous one left
+            predicted = predictor.predict(k)
+            with torch.no_grad():
+                for name, p in params.items():
+                    p.add_(predicted[name])
+            for p in twin.parameters():
+                p.grad = torch.zeros_like(p)
+            twin_optimizer.step()
+            for name, p in twin.named_parameters():
+                torch.testing.assert_close(params[name].detach(), p.detach(), rtol=1e-5, atol=1e-7)
+
+    def test_keeps_no_buffer_and_refuses_other_optimizers(self):
+        model, optimizer = self._trained(torch.optim.AdamW, 0.0)
+        predictor = build_predictor("adam", params=dict(model.named_parameters()), optimizer=optimizer)
+        assert predictor.nbytes() == 0
+        sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+        with pytest.raises(ValueError, match="replays torch.optim.Adam/AdamW state; the optimizer is SGD"):
+            build_predictor("adam", params=dict(model.named_parameters()), optimizer=sgd)
+        with pytest.raises(ValueError, match="needs the optimizer"):
+            build_predictor("adam")
