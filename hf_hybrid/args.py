@@ -91,6 +91,14 @@ class HybridArgumentsMixin:
         metadata={"help": "Choose the horizon with a UCB1 bandit; False always uses the largest allowed."},
     )
 
+    hybrid_probe_batches: int = field(
+        default=0,
+        metadata={
+            "help": "Validate each predict phase on this many fixed training batches (eval mode, no_grad): "
+            "it is kept only if their loss fell from the phase's start to its end (0: off, the noisier "
+            "training-loss regression test decides)."
+        },
+    )
     hybrid_restart_engine: bool = field(
         default=False,
         metadata={
@@ -112,6 +120,7 @@ class HybridArgumentsMixin:
         _check_int(self, "hybrid_correction_interval", 0)
         _check_int(self, "hybrid_check_every", 0)
         _check_int(self, "hybrid_min_history", 1)
+        _check_int(self, "hybrid_probe_batches", 0, 1024)
         _check_float(self, "hybrid_confidence_threshold", 0.0, 1.0)
         _check_float(self, "hybrid_max_delta", 0.0, 1.0, low_open=True)
         _check_float(self, "hybrid_divergence_sigma", 0.0, 1e6, low_open=True)
@@ -151,7 +160,17 @@ class HybridArgumentsMixin:
             snapshot_device=self.hybrid_snapshot_device,
             seed=seed,
             use_bandit=self.hybrid_use_bandit,
+            probe_cost=self._probe_cost(),
         )
+
+    def _probe_cost(self) -> float:
+        """Forward units of one probe evaluation, relative to a training step's examples."""
+        if not self.hybrid_probe_batches:
+            return 0.0
+        step_examples = getattr(self, "per_device_train_batch_size", 1) * getattr(
+            self, "gradient_accumulation_steps", 1
+        )
+        return self.hybrid_probe_batches * getattr(self, "per_device_eval_batch_size", 1) / step_examples
 
     def hybrid_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(HybridArgumentsMixin)}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -158,14 +159,17 @@ class HybridHFTrainer(Trainer):
                 "without GPUs set `use_cpu=True` (`--use_cpu`) to train the processes together over "
                 "gloo, or launch one process."
             )
-        unwrapped = self.accelerator.unwrap_model(model)
+        # Without the torch.compile wrapper: its `_orig_mod.` prefix would key the engine state by names
+        # that a resume (or a run without torch_compile) does not have.
+        unwrapped = self.accelerator.unwrap_model(model, keep_torch_compile=False)
         params = {name: p for name, p in unwrapped.named_parameters() if p.requires_grad}
         if not params:
             raise ValueError(
                 "HybridHFTrainer: the model has no trainable parameter (all have requires_grad=False); "
                 "unfreeze some parameters or pass a peft_config"
             )
-        self.engine = HybridEngine(params, self.engine_config, optimizer=self.optimizer)
+        probe = self._build_probe() if self.hybrid_args.hybrid_probe_batches else None
+        self.engine = HybridEngine(params, self.engine_config, optimizer=self.optimizer, probe=probe)
         self.hybrid_timeline = []
         self._planned_step = -1
         self._plan = None
@@ -180,6 +184,46 @@ class HybridHFTrainer(Trainer):
         # The real step below is still the LR scheduler's wrapper; tell the scheduler so.
         step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
         self.optimizer.step = step  # runs exactly where the real step would
+
+    def _build_probe(self) -> Callable[[], float]:
+        """Mean loss of fixed training examples (eval mode, no_grad), averaged over ranks.
+
+        The examples are drawn from the *training* set with the engine's seed: the eval set must never steer
+        training. They stay in training too, so the probe is not a clean held-out estimate; it only has to
+        rank two nearby weight vectors on the same batches.
+        """
+        dataset = self.train_dataset
+        if not hasattr(dataset, "__len__"):
+            raise ValueError(
+                "`hybrid_probe_batches` needs a train_dataset with a length (not an IterableDataset)"
+            )
+        count = min(
+            len(dataset), self.hybrid_args.hybrid_probe_batches * self.args.per_device_eval_batch_size
+        )
+        generator = torch.Generator().manual_seed(self.engine_config.seed)
+        indices = torch.randperm(len(dataset), generator=generator)[:count].tolist()
+        subset = (
+            dataset.select(indices)
+            if hasattr(dataset, "select")
+            else torch.utils.data.Subset(dataset, indices)
+        )
+        batches = list(self.get_eval_dataloader(subset))
+
+        def probe() -> float:
+            model = self.model
+            was_training = model.training
+            model.eval()
+            with torch.no_grad():
+                total = sum(
+                    self.compute_loss(model, self._prepare_inputs(batch)).detach() for batch in batches
+                )
+            model.train(was_training)
+            loss = total / len(batches)
+            if self.accelerator.num_processes > 1:
+                loss = self.accelerator.reduce(loss, reduction="mean")
+            return float(loss)
+
+        return probe
 
     def _unwrap_optimizer_step(self) -> None:
         if self._real_optimizer_step is not None and self.optimizer is not None:

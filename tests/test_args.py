@@ -30,6 +30,7 @@ BAD_VALUES = [
     ("hybrid_snapshot_device", "gpu", r"one of \['same', 'cpu'\]"),
     ("hybrid_seed", -5, r"integer in \[0, "),
     ("hybrid_min_history", 0, r"integer >= 1"),
+    ("hybrid_probe_batches", -1, r"integer in \[0, 1024\]"),
     ("hybrid_enabled", 1, r"True or False"),
     ("hybrid_restart_engine", "no", r"True or False"),
 ]

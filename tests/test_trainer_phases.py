@@ -224,3 +224,28 @@ def test_exploding_predicted_delta_is_held_to_the_trust_region(tmp_path):
             assert float(delta.norm()) <= 0.01 * float(param.detach().norm()) * 1.1 + 1e-6, name
     for p in trainer.model.parameters():
         assert torch.isfinite(p).all()
+
+
+def test_probe_is_measured_at_each_phase_boundary_and_charged_in_compute_units(tmp_path):
+    trainer = hybrid_trainer(tmp_path, max_steps=40, hybrid_probe_batches=2, per_device_eval_batch_size=8)
+    trainer.train()
+    engine = trainer.engine
+    assert engine.probe() == engine.probe()  # deterministic: eval mode, fixed batches
+    stats = trainer.hybrid_stats()
+    closed = sum(row["phase"] == "correct" for row in trainer.hybrid_timeline)
+    assert closed >= 1
+    assert stats["probe_evaluations"] == stats["predict_phases"] + closed  # one at each start and end
+    probe_cost = 2 * 8 / 8  # 2 batches of 8 examples, per training step of 8 examples
+    assert stats["compute_units"] == (
+        3 * stats["backward_run"] + stats["predict_checked"] + stats["probe_evaluations"] * probe_cost
+    )
+
+
+def test_a_probe_that_says_worse_rolls_every_phase_back(tmp_path):
+    trainer = hybrid_trainer(tmp_path, max_steps=40, hybrid_probe_batches=1)
+    rising = iter(range(10_000))
+    trainer._build_probe = lambda: lambda: float(next(rising))  # every phase made the probe loss worse
+    trainer.train()
+    correct_rows = [row for row in trainer.hybrid_timeline if row["phase"] == "correct"]
+    assert correct_rows and all(row["rolled_back"] for row in correct_rows)
+    assert trainer.hybrid_stats()["rollbacks"] >= len(correct_rows)

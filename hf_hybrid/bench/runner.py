@@ -18,7 +18,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback
 
 from ..args import HybridTrainingArguments
-from ..engine.engine import CHECKED_PREDICT_COST, FULL_STEP_COST
+from ..engine.engine import FULL_STEP_COST
 from ..engine.phases import Phase
 from ..trainer import HybridHFTrainer
 from .tasks import get_task
@@ -99,10 +99,9 @@ class _Clock(TrainerCallback):
 
 
 def compute_units(trainer: Trainer | None, steps: int) -> float:
-    """Forward-pass units spent so far: 3 per real step, 1 per checked predicted step."""
+    """Forward-pass units spent so far: 3 per real step; the engine's own count for a hybrid run."""
     if isinstance(trainer, HybridHFTrainer) and trainer.engine is not None:
-        stats = trainer.engine.stats()
-        return stats["backward_run"] * FULL_STEP_COST + stats["predict_checked"] * CHECKED_PREDICT_COST
+        return trainer.engine.compute_units()
     return steps * FULL_STEP_COST
 
 

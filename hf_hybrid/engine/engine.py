@@ -48,6 +48,7 @@ class EngineConfig:
     snapshot_device: str = "same"
     seed: int = 0
     use_bandit: bool = True
+    probe_cost: float = 0.0  # forward units of one probe evaluation (0: no probe)
 
     def fingerprint(self) -> dict[str, Any]:
         """What must match for a saved engine state to mean anything to this one."""
@@ -78,11 +79,16 @@ class HybridEngine:
         params: Mapping[str, torch.Tensor],
         config: EngineConfig | None = None,
         optimizer: torch.optim.Optimizer | None = None,
+        probe: Callable[[], float] | None = None,
     ) -> None:
+        """`probe()` returns the loss of fixed held-out batches (identical on every rank); with it, a predict
+        phase is kept only if that loss fell from the phase's start to its end (a line search along the
+        predicted path), instead of the noisier training-loss regression test."""
         self.config = config or EngineConfig()
         if not params:
             raise ValueError("HybridEngine needs at least one trainable parameter; the model has none")
         self.params = dict(params)
+        self.probe = probe
         s = self.config.schedule
         self.controller = PhaseController(s)
         self.bandit = HorizonBandit(
@@ -160,6 +166,16 @@ class HybridEngine:
             self._rollback()
             rolled_back = True
             reasons.append("loss regressed over the predict phase")
+        elif phase is Phase.CORRECT and self.phase_state and self.phase_state.get("probe_before") is not None:
+            after = self._probe()
+            if self.config.rollback and not after < self.phase_state["probe_before"]:
+                self._rollback()
+                rolled_back = True
+                reasons.append(
+                    f"probe loss did not fall ({self.phase_state['probe_before']:.4f} -> {after:.4f})"
+                )
+            else:
+                self.phase_state["probe_before"] = after  # the next stretch of this phase starts here
         if not finite:
             self.counts["nonfinite_real_steps"] += 1
             reasons.append(f"non-finite loss/grad norm ({loss}, {grad_norm})")
@@ -302,6 +318,7 @@ class HybridEngine:
             "losses": [],
             "pre_mean": mean,
             "pre_std": std,
+            "probe_before": self._probe(),
         }
         self.counts["predict_phases"] += 1
 
@@ -331,10 +348,22 @@ class HybridEngine:
             return None
         return loss - self.last_predicted_loss
 
+    def _probe(self) -> float | None:
+        if self.probe is None:
+            return None
+        self.counts["probe_evaluations"] += 1
+        value = float(self.probe())
+        return value if math.isfinite(value) else math.inf
+
     def _regressed(self, loss: float | None) -> bool:
-        """Did the loss over the phase (checked predict steps + this one) rise past tolerance?"""
+        """Did the loss over the phase (checked predict steps + this one) rise past tolerance?
+
+        With a probe the held-out comparison decides instead (same batches before and after: no batch noise).
+        """
         if loss is None or not math.isfinite(loss):
             return True
+        if self.probe is not None:
+            return False
         pre_mean, pre_std = self.phase_state.get("pre_mean"), self.phase_state.get("pre_std")
         if pre_mean is None or not math.isfinite(pre_mean) or not math.isfinite(pre_std):
             return False
@@ -396,12 +425,20 @@ class HybridEngine:
         tolerance = 2.0 * std if math.isfinite(std) and std > 0 else float("inf")
         return sum(abs(r.loss_error) <= tolerance for r in recent) / len(recent)
 
+    def compute_units(self) -> float:
+        """Forward-pass units spent: 3 per real step, 1 per checked predicted step, the probe's cost."""
+        return (
+            self.counts["backward_run"] * FULL_STEP_COST
+            + self.counts["predict_checked"] * CHECKED_PREDICT_COST
+            + self.counts["probe_evaluations"] * self.config.probe_cost
+        )
+
     def stats(self) -> dict[str, Any]:
         """Plain counters (what `HybridHFTrainer.hybrid_stats()` returns)."""
         steps = {p.value: self.counts[f"steps_{p.value}"] for p in Phase}
         total = sum(steps.values())
         run, skipped = self.counts["backward_run"], self.counts["backward_skipped"]
-        cost = run * FULL_STEP_COST + self.counts["predict_checked"] * CHECKED_PREDICT_COST
+        cost = self.compute_units()
         return {
             "steps": total,
             "steps_per_phase": steps,
@@ -417,6 +454,8 @@ class HybridEngine:
             "predictor_errors": self.counts["predictor_errors"],
             "nonfinite_real_steps": self.counts["nonfinite_real_steps"],
             "clipped_tensors": self.counts["clipped_tensors"],
+            "probe_evaluations": self.counts["probe_evaluations"],
+            "compute_units": cost,
             "compute_saved_fraction": 1.0 - cost / max((run + skipped) * FULL_STEP_COST, 1.0),
             "predictor_bytes": self.predictor.nbytes(),
             "engine_bytes": self.nbytes(),

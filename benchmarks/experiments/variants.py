@@ -1,0 +1,100 @@
+"""Try hybrid variants on one task against the plain frontier, in compute units and time.
+
+    python benchmarks/experiments/variants.py --task clm_stdlib --size quick \
+        --out benchmarks/experiments/results/x.json --variant name:hybrid_predictor=ema,hybrid_check_every=0
+
+Every variant runs at the plain Trainer's best learning rate (swept first, x0.5..x4), next to a null
+control that replays its phases. Results (JSON) feed benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from hf_hybrid.bench.frontier import speedup
+from hf_hybrid.bench.runner import RunSpec, run
+from hf_hybrid.bench.suite import BUDGETS
+from hf_hybrid.cli import _parse_overrides
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--task", default="clm_stdlib")
+    parser.add_argument("--size", default="quick")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--multipliers", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0])
+    parser.add_argument("--variant", action="append", default=[], help="name:field=value,field=value")
+    parser.add_argument("--no-null", action="store_true")
+    parser.add_argument("--out", required=True)
+    opts = parser.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+
+    def log(result, label):
+        skipped = result.stats.get("backward_skipped_fraction", 0)
+        print(f"{label:40s} loss {result.eval_loss:.4f} units {result.compute_units:7.0f} "
+              f"time {result.train_seconds:6.1f}s skipped {skipped:.0%} "
+              f"rollbacks {result.stats.get('rollbacks', 0)}", flush=True)  # fmt: skip
+
+    sweep = []
+    for m in opts.multipliers:
+        sweep.append(run(RunSpec(opts.task, opts.size, "plain", opts.seed, m)))
+        log(sweep[-1], f"plain x{m:g}")
+    best = min(sweep, key=lambda r: r.eval_loss)
+    frontier = [best]
+    for budget in BUDGETS[:-1]:
+        frontier.append(
+            run(RunSpec(opts.task, opts.size, "plain", opts.seed, best.spec.lr_multiplier, budget))
+        )
+        log(frontier[-1], f"plain x{best.spec.lr_multiplier:g} budget {budget}")
+    rows = []
+    for item in opts.variant:
+        name, _, fields = item.partition(":")
+        overrides = tuple(sorted(_parse_overrides([f for f in fields.split(",") if f]).items()))
+        spec = RunSpec(
+            opts.task, opts.size, "hybrid", opts.seed, best.spec.lr_multiplier, hybrid_overrides=overrides
+        )
+        result = run(spec)
+        log(result, name)
+        row = {"variant": name, "overrides": dict(overrides), **_scores(frontier, result)}
+        if not opts.no_null:
+            null = run(RunSpec(**{**spec.__dict__, "kind": "null", "script": tuple(result.phases)}))
+            log(null, f"  null control of {name}")
+            row["null"] = _scores(frontier, null)
+        rows.append(row)
+    Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(opts.out).write_text(json.dumps({
+        "command": " ".join(sys.argv), "task": opts.task, "size": opts.size, "seed": opts.seed,
+        "best_lr_multiplier": best.spec.lr_multiplier,
+        "frontier": [{"budget": r.spec.budget, "eval_loss": r.eval_loss, "units": r.compute_units,
+                      "seconds": r.train_seconds} for r in frontier],
+        "sweep": [{"multiplier": r.spec.lr_multiplier, "eval_loss": r.eval_loss} for r in sweep],
+        "variants": rows,
+    }, indent=1))  # fmt: skip
+
+
+def _scores(frontier, result):
+    units = speedup(
+        [(r.compute_units, r.eval_loss) for r in frontier], result.eval_loss, result.compute_units
+    )
+    time = speedup([(r.train_seconds, r.eval_loss) for r in frontier], result.eval_loss, result.train_seconds)
+    return {
+        "eval_loss": result.eval_loss,
+        "units": result.compute_units,
+        "seconds": result.train_seconds,
+        "speedup_units": units.ratio,
+        "speedup_units_kind": units.kind,
+        "speedup_time": time.ratio,
+        "speedup_time_kind": time.kind,
+        "skipped": result.stats.get("backward_skipped_fraction", 0.0),
+        "rollbacks": result.stats.get("rollbacks", 0),
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""What users see of the hybrid run besides the `hybrid/*` log keys: progress-bar postfix, timeline plot.
+
+Plain functions over plain data (the engine's counters, the trainer's per-step timeline), so they know
+nothing of `Trainer`. matplotlib is imported lazily and drawn on an Agg canvas directly (no pyplot, so
+the user's global backend is left alone): plotting works on a headless node and costs no import when
+no plot is made.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+TIMELINE_PLOT_FILE = "hybrid_timeline.png"
+WANDB_IMAGE_KEY = "train/hybrid/timeline"
+PHASE_COLORS = {"warmup": "#d9d9d9", "full": "#c6dbef", "predict": "#fdd0a2", "correct": "#c7e9c0"}
+
+
+def progress_postfix(phase: str | None, stats: Mapping[str, Any]) -> dict[str, str]:
+    """The tqdm postfix: current phase and the share of backward passes skipped so far."""
+    return {"phase": phase or "-", "skipped": f"{stats['backward_skipped_fraction']:.0%}"}
+
+
+def phase_segments(timeline: Sequence[Mapping[str, Any]]) -> list[tuple[str, int, int]]:
+    """Runs of consecutive steps in one phase, as (phase, first step, last step)."""
+    segments: list[tuple[str, int, int]] = []
+    for row in timeline:
+        phase, step = row["phase"], int(row["step"])
+        if segments and segments[-1][0] == phase and segments[-1][2] == step - 1:
+            segments[-1] = (phase, segments[-1][1], step)
+        else:
+            segments.append((phase, step, step))
+    return segments
+
+
+def measured_step_seconds(timeline: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Mean measured wall-clock seconds of one optimizer step, per phase (phases with timings only)."""
+    sums: dict[str, list[float]] = {}
+    for row in timeline:
+        seconds = row.get("seconds")
+        if seconds is not None and math.isfinite(seconds):
+            sums.setdefault(row["phase"], []).append(float(seconds))
+    return {phase: sum(values) / len(values) for phase, values in sums.items()}
+
+
+def measured_time_saved_fraction(timeline: Sequence[Mapping[str, Any]]) -> float | None:
+    """1 - (measured time of all steps) / (the same number of steps at the median real-step time).
+
+    Real steps (warmup, full, correct) give the cost of a step without prediction; None without timings.
+    """
+    timed = [row for row in timeline if row.get("seconds") is not None and math.isfinite(row["seconds"])]
+    real = sorted(float(row["seconds"]) for row in timed if row["phase"] != "predict")
+    if not timed or not real:
+        return None
+    median = (
+        real[len(real) // 2] if len(real) % 2 else 0.5 * (real[len(real) // 2 - 1] + real[len(real) // 2])
+    )
+    if median <= 0:
+        return None
+    return 1.0 - sum(float(row["seconds"]) for row in timed) / (len(timed) * median)
+
+
+def plot_timeline(timeline: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path:
+    """Loss per step on a background shaded by phase, the loss model's forecast, rollbacks marked."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    if not timeline:
+        raise ValueError("`timeline` is empty: there is nothing to plot (did training run any step?)")
+    figure = Figure(figsize=(10, 4), dpi=100)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot(1, 1, 1)
+    for phase, first, last in phase_segments(timeline):
+        axes.axvspan(first - 0.5, last + 0.5, color=PHASE_COLORS.get(phase, "#ffffff"), linewidth=0)
+    steps = [int(row["step"]) for row in timeline]
+    axes.plot(steps, [_nan_if_none(row.get("loss")) for row in timeline], color="black", lw=1, label="loss")
+    axes.plot(
+        steps,
+        [_nan_if_none(row.get("predicted_loss")) for row in timeline],
+        color="tab:blue",
+        lw=1,
+        ls="--",
+        label="predicted loss",
+    )
+    rollbacks = [row for row in timeline if row.get("rolled_back")]
+    if rollbacks:
+        axes.scatter(
+            [int(row["step"]) for row in rollbacks],
+            [_nan_if_none(row.get("loss")) for row in rollbacks],
+            color="tab:red",
+            marker="x",
+            zorder=3,
+            label="rollback",
+        )
+    handles, _ = axes.get_legend_handles_labels()
+    seen = dict.fromkeys(row["phase"] for row in timeline)
+    handles += [Patch(color=PHASE_COLORS.get(p, "#ffffff"), label=p) for p in seen]
+    axes.legend(handles=handles, loc="upper right", fontsize="small", ncol=2)
+    axes.set_xlabel("optimizer step")
+    axes.set_ylabel("training loss")
+    axes.set_title("hf_hybrid phase timeline")
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png")
+    return path
+
+
+def log_image_to_wandb(wandb_module: Any, path: str | os.PathLike, global_step: int) -> None:
+    """Log the plot on the run `WandbCallback` drives, stamped with its step metric (`train/global_step`).
+
+    The callback declares every key's step metric as `train/global_step`, so the image lines up with the
+    last training log instead of advancing wandb's own step counter out of turn.
+    """
+    wandb_module.log(
+        {
+            WANDB_IMAGE_KEY: wandb_module.Image(str(path), caption="phase timeline"),
+            "train/global_step": global_step,
+        }
+    )
+
+
+def _nan_if_none(value: float | None) -> float:
+    return float("nan") if value is None else float(value)

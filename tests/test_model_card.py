@@ -1,0 +1,130 @@
+"""Model cards: the "Hybrid training" section and the `hf-hybrid` tag, for full and peft models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import hybrid_trainer, lora_gpt2
+from huggingface_hub import ModelCard
+
+from hf_hybrid.model_card import HYBRID_TAG, SECTION_START, add_hybrid_section
+
+
+def card_of(trainer: Any) -> ModelCard:
+    return ModelCard.load(Path(trainer.args.output_dir) / "README.md")
+
+
+def assert_section_has_the_run(text: str, stats: dict[str, Any], args: Any) -> None:
+    assert text.count("## Hybrid training") == 1
+    assert text.count(SECTION_START) == 1
+    per_phase = stats["steps_per_phase"]
+    phases = f"{per_phase['warmup']} / {per_phase['full']} / {per_phase['predict']} / {per_phase['correct']}"
+    assert f"| steps per phase (warmup / full / predict / correct) | {phases} |" in text
+    skipped = f"{stats['backward_skipped']} ({100 * stats['backward_skipped_fraction']:.1f}%)"
+    assert f"| backward passes skipped | {skipped} |" in text
+    assert f"| backward passes run | {stats['backward_run']} |" in text
+    assert f"| rollbacks | {stats['rollbacks']} |" in text
+    saved = f"{100 * stats['compute_saved_fraction']:.1f}%"
+    assert f"| compute saved, cost model (forward 1, backward 2) | {saved} |" in text
+    assert f"| `hybrid_warmup_steps` | `{args.hybrid_warmup_steps}` |" in text
+    assert f"| `hybrid_predictor` | `{args.hybrid_predictor}` |" in text
+    assert "| mean update skill | " in text and "| mean update skill | n/a |" not in text
+    assert "| wall-clock time saved, measured per step | " in text
+
+
+def test_card_of_a_full_model_has_the_section_and_tag(tmp_path):
+    trainer = hybrid_trainer(tmp_path, max_steps=30)
+    trainer.train()
+    stats = trainer.hybrid_stats()
+    assert stats["backward_skipped"] > 0
+    trainer.create_model_card(model_name="tiny-hybrid", tags=["mine"])
+    card = card_of(trainer)
+    assert {"mine", "generated_from_trainer", HYBRID_TAG} <= set(card.data.tags)
+    assert "tiny-hybrid" in card.text  # HF's own card is still there
+    assert_section_has_the_run(card.text, stats, trainer.args)
+    # a second card (e.g. push_to_hub after create_model_card) replaces the section, never duplicates it
+    trainer.create_model_card()
+    card = card_of(trainer)
+    assert card.data.tags.count(HYBRID_TAG) == 1
+    assert_section_has_the_run(card.text, stats, trainer.args)
+
+
+def test_card_of_a_peft_model_keeps_the_tag_after_peft_rewrites_the_tags(tmp_path):
+    trainer = hybrid_trainer(tmp_path, model=lora_gpt2(), max_steps=30)
+    trainer.train()
+    trainer.save_model()  # peft writes its own README.md; HF then hands the card to peft to update
+    trainer.create_model_card()
+    card = card_of(trainer)
+    assert card.data.library_name == "peft"
+    assert HYBRID_TAG in card.data.tags and "lora" in card.data.tags
+    stats = trainer.hybrid_stats()
+    assert stats["predictor_bytes"] < 4 * sum(p.numel() for p in trainer.model.parameters())
+    assert_section_has_the_run(card.text, stats, trainer.args)
+
+
+def test_push_to_hub_card_has_the_section(tmp_path, monkeypatch):
+    import transformers.trainer as hf_trainer
+
+    uploaded: dict[str, str] = {}
+
+    class FakeApi:
+        def upload_folder(self, folder_path: str, **kwargs: Any) -> str:
+            uploaded["readme"] = (Path(folder_path) / "README.md").read_text()
+            return "done"
+
+    monkeypatch.setattr(hf_trainer, "hf_api", lambda: FakeApi())
+    trainer = hybrid_trainer(tmp_path, max_steps=20)
+    trainer.train()
+    trainer.hub_model_id = "someone/tiny-hybrid"  # as if init_hf_repo had run; no network
+    trainer.push_to_hub()
+    assert "## Hybrid training" in uploaded["readme"]
+    assert f"- {HYBRID_TAG}" in uploaded["readme"].split("---")[1]  # in the YAML metadata
+
+
+def test_no_section_off_the_main_process_or_without_the_engine(tmp_path, monkeypatch):
+    trainer = hybrid_trainer(tmp_path / "rank1", max_steps=12)
+    trainer.train()
+    monkeypatch.setattr(trainer, "is_world_process_zero", lambda: False)
+    trainer.create_model_card()
+    assert not (tmp_path / "rank1" / "README.md").exists()
+    plain = hybrid_trainer(tmp_path / "plain", max_steps=3, hybrid_enabled=False)
+    plain.train()
+    plain.create_model_card()
+    card = card_of(plain)
+    assert HYBRID_TAG not in card.data.tags and "## Hybrid training" not in card.text
+
+
+def test_add_hybrid_section_to_a_missing_card(tmp_path):
+    readme = tmp_path / "README.md"
+    add_hybrid_section(readme, f"{SECTION_START}\n## Hybrid training\nx\n<!-- hf-hybrid:end -->\n")
+    card = ModelCard.load(readme)
+    assert card.data.tags == [HYBRID_TAG]
+    assert card.text.count("## Hybrid training") == 1
+
+
+@pytest.mark.parametrize("skipped", [0, 5])
+def test_template_intro_says_whether_steps_were_predicted(skipped):
+    from hf_hybrid.model_card import card_context, render_section
+
+    stats = {
+        "steps": 10,
+        "steps_per_phase": {"warmup": 5, "full": 5 - skipped, "predict": skipped, "correct": 0},
+        "backward_run": 10 - skipped,
+        "backward_skipped": skipped,
+        "backward_skipped_fraction": skipped / 10,
+        "predict_phases": int(skipped > 0),
+        "rollbacks": 0,
+        "forced_full": 0,
+        "refused_updates": 0,
+        "compute_saved_fraction": 0.0,
+        "predictor_bytes": 8,
+        "engine_bytes": 16,
+    }
+    text = render_section(card_context(stats, {}, {"hybrid_predictor": "ema"}, []))
+    if skipped:
+        assert f"{skipped} of its 10 optimizer steps skipped the backward pass" in text
+    else:
+        assert "No optimizer step was predicted" in text
+    assert "| mean update skill | n/a |" in text
