@@ -88,6 +88,7 @@ class LossDynamics:
         ema_beta: float = 0.9,
         min_history: int = 8,
         seed: int = 0,
+        train_every: int = 1,
     ) -> None:
         if hidden_size < 1:
             raise ValueError(f"hidden_size must be >= 1, got {hidden_size}")
@@ -97,6 +98,8 @@ class LossDynamics:
             raise ValueError(f"learning_rate must be a positive finite number, got {learning_rate}")
         if train_iters < 0:
             raise ValueError(f"train_iters must be >= 0, got {train_iters}")
+        if train_every < 1:
+            raise ValueError(f"train_every must be >= 1, got {train_every}")
         if not 0.0 <= ema_beta < 1.0:
             raise ValueError(f"ema_beta must be in [0, 1), got {ema_beta}")
         if min_history < 2:
@@ -105,6 +108,7 @@ class LossDynamics:
         self.window = int(window)
         self.learning_rate = float(learning_rate)
         self.train_iters = int(train_iters)
+        self.train_every = int(train_every)  # train on every n-th step only: the per-step cost is the point
         self.ema_beta = float(ema_beta)
         self.min_history = int(min_history)
         self.seed = int(seed)
@@ -180,7 +184,8 @@ class LossDynamics:
         row = self._append(loss, float(learning_rate), grad_norm, phase)
         with torch.inference_mode(False), torch.autocast("cpu", enabled=False):
             self._features = torch.cat([self._features, row], dim=0)[-(self.window + 1) :]
-            if self._features.shape[0] >= 2 and self.train_iters > 0:
+            due = self._count % self.train_every == 0
+            if self._features.shape[0] >= 2 and self.train_iters > 0 and due:
                 self._train()
             if self._count >= self.min_history:
                 with torch.no_grad():
@@ -385,6 +390,7 @@ class LossDynamics:
             "config.window": self.window,
             "config.learning_rate": self.learning_rate,
             "config.train_iters": self.train_iters,
+            "config.train_every": self.train_every,
             "config.ema_beta": self.ema_beta,
             "config.min_history": self.min_history,
             "config.seed": self.seed,
@@ -422,6 +428,7 @@ class LossDynamics:
             "window",
             "learning_rate",
             "train_iters",
+            "train_every",
             "ema_beta",
             "min_history",
             "seed",

@@ -97,7 +97,7 @@ class HybridEngine:
         self.predictor = build_predictor(
             self.config.predictor, params=self.params, optimizer=optimizer, **self.config.predictor_kwargs
         )
-        self.dynamics = LossDynamics(seed=self.config.seed)
+        self.dynamics = LossDynamics(seed=self.config.seed, train_every=4)  # ~1 ms a step on average
         self.monitor = DivergenceMonitor(sigma=self.config.divergence_sigma)
         self.store = ResidualStore()
         self.corrector = Corrector()
@@ -110,6 +110,7 @@ class HybridEngine:
         self.last_report: DivergenceReport | None = None
         self.last_predicted_loss: float | None = None
         self.last_measured_loss: float | None = None
+        self._forced_at = -1  # step whose forced FULL is already counted
 
     # ---- per step -------------------------------------------------------------------------------
 
@@ -182,12 +183,14 @@ class HybridEngine:
             if not skip_nonfinite:
                 optimizer_step()
                 self._sync_last_theta()
-            if self.controller.in_predict_phase and self.config.rollback and not rolled_back:
+            # any CORRECT step, the closing one too: no usable gradient validated the predicted updates
+            in_phase = self.controller.in_predict_phase or phase is Phase.CORRECT
+            if in_phase and self.config.rollback and not rolled_back and self.guard.has_snapshot:
                 self._rollback()
                 rolled_back = True
             report = self.monitor.check(loss, grad_norm)
             self._close_predict_phase(rolled_back=True, skill=0.0)
-            self.controller.force_full(self.config.schedule.full_steps)
+            self._force_full()
             self.steps_since_real = 0
             return StepOutcome(phase, loss, False, rolled_back, report.level, tuple(reasons + report.reasons))
 
@@ -219,7 +222,9 @@ class HybridEngine:
         self.dynamics.observe(loss, lr, grad_norm, phase.index)
         report = self.monitor.check(loss, grad_norm, self._prediction_error(loss))
         self.last_measured_loss = loss
-        self._react(report, may_roll_back=phase is Phase.CORRECT and not rolled_back)
+        if self._react(report, may_roll_back=phase is Phase.CORRECT and not rolled_back):
+            rolled_back = True
+            reasons.append("rolled back: divergence at the CORRECT step")
         if phase is Phase.CORRECT:
             self._after_correct(residual, rolled_back)
         return StepOutcome(phase, loss, True, rolled_back, report.level, tuple(reasons + report.reasons))
@@ -252,7 +257,7 @@ class HybridEngine:
                 if rolled_back:
                     self._rollback()
                 self._close_predict_phase(rolled_back=True, skill=0.0)
-                self.controller.force_full(self.config.schedule.full_steps)
+                self._force_full()
                 return StepOutcome(
                     Phase.PREDICT, loss, False, rolled_back, report.level, tuple(report.reasons)
                 )
@@ -267,7 +272,7 @@ class HybridEngine:
         if self.counts["predictor_errors"] != errors:
             # the predictor raised mid-phase: refuse like a non-finite prediction (roll back, close the
             # phase and free its snapshot) instead of leaving the open phase's state behind
-            return self._refuse(loss, "the predictor raised")
+            return self._refuse(loss, "the predictor failed (raised, or a wrongly shaped update)")
         if predicted is None:
             return StepOutcome(Phase.PREDICT, loss, False, False, level, reasons)
         scaled = {name: t * self.corrector.scale for name, t in predicted.items()}
@@ -280,15 +285,18 @@ class HybridEngine:
         return StepOutcome(Phase.PREDICT, loss, True, False, level, reasons)
 
     def _safe_predict(self, steps_ahead: int) -> dict[str, torch.Tensor] | None:
-        """A predictor that raises is treated like one that returned garbage: refused, reset."""
+        """A predictor that raises, or returns a tensor shaped unlike its parameter (which would crash or
+        silently broadcast in a real step's scoring), is treated like one that returned garbage: reset."""
         try:
-            return self.predictor.predict(steps_ahead)
+            predicted = self.predictor.predict(steps_ahead)
+            _check_prediction(predicted, self.params)
+            return predicted
         except Exception as exc:  # noqa: BLE001 - any predictor failure must end in a safe fallback
             logger.warning("predictor %r raised %r; resetting it", self.config.predictor, exc)
             self.counts["predictor_errors"] += 1
             self.predictor.reset()
             if self.controller.in_predict_phase:
-                self.controller.force_full(self.config.schedule.full_steps)
+                self._force_full()
             return None
 
     def _refuse(self, loss: float | None, reason: str) -> StepOutcome:
@@ -299,8 +307,15 @@ class HybridEngine:
         if rolled_back:
             self._rollback()
         self._close_predict_phase(rolled_back=True, skill=0.0)
-        self.controller.force_full(self.config.schedule.full_steps)
+        self._force_full()
         return StepOutcome(Phase.PREDICT, loss, False, rolled_back, DivergenceLevel.CRITICAL, (reason,))
+
+    def _force_full(self) -> None:
+        """The recovery every divergence and refusal shares; counted once per step, whatever forced it."""
+        if self._forced_at != self.controller.steps_decided:
+            self._forced_at = self.controller.steps_decided
+            self.counts["forced_full"] += 1
+        self.controller.force_full(self.config.schedule.full_steps)
 
     # ---- phase bookkeeping ----------------------------------------------------------------------
 
@@ -381,16 +396,20 @@ class HybridEngine:
         self.counts["rollbacks"] += 1
         logger.info("rolled back to the snapshot taken at the start of the predict phase")
 
-    def _react(self, report: DivergenceReport, may_roll_back: bool) -> None:
+    def _react(self, report: DivergenceReport, may_roll_back: bool) -> bool:
+        """Apply the report's recovery action; True if it rolled the parameters back."""
         self.last_report = report
+        rolled_back = False
         if report.level >= DivergenceLevel.WARNING:
-            self.counts["forced_full"] += 1
-            if may_roll_back and report.level >= DivergenceLevel.CRITICAL and self.config.rollback:
+            critical = report.level >= DivergenceLevel.CRITICAL
+            if may_roll_back and critical and self.config.rollback and self.guard.has_snapshot:
                 self._rollback()
+                rolled_back = True
             self._close_predict_phase(rolled_back=True, skill=0.0)
-            self.controller.force_full(self.config.schedule.full_steps)
+            self._force_full()
         elif report.level is DivergenceLevel.CAUTION:
             self.controller.shorten()
+        return rolled_back
 
     @torch.no_grad()
     def _sync_last_theta(self) -> dict[str, torch.Tensor]:
@@ -589,6 +608,20 @@ def describe_mismatch(
             f"only in checkpoint {missing}, only in model {extra}, different shapes {reshaped}"
         )
     return None
+
+
+def _check_prediction(
+    predicted: Mapping[str, torch.Tensor] | None, params: Mapping[str, torch.Tensor]
+) -> None:
+    """Raise if a predicted update names an unknown parameter or has another shape than its parameter."""
+    for name, delta in (predicted or {}).items():
+        if name not in params:
+            raise ValueError(f"predicted update for unknown parameter {name!r}")
+        if delta.shape != params[name].shape:
+            raise ValueError(
+                f"predicted update for {name!r} has shape {tuple(delta.shape)}, "
+                f"the parameter {tuple(params[name].shape)}"
+            )
 
 
 def _finite_or_none(value: float) -> float | None:

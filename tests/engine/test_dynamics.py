@@ -249,3 +249,16 @@ def test_observe_cost() -> None:
     _feed(model, curve, 40, 90)
     per_call = (time.perf_counter() - start) / 50
     assert per_call < 0.05  # measured ~4.5 ms on one CPU thread; generous bound for slow CI machines
+
+
+def test_train_every_trains_only_on_every_nth_step() -> None:
+    dyn = LossDynamics(seed=0, train_every=4)
+    changed = []
+    for t in range(12):
+        before = [p.detach().clone() for p in dyn._params]
+        dyn.observe(2.0 - 0.01 * t, 1e-3, 1.0, 1)
+        changed.append(any(not torch.equal(a, p) for a, p in zip(before, dyn._params, strict=True)))
+    # step t is the (t+1)-th accepted loss; training needs two feature rows, so t = 0 never trains
+    assert changed == [t > 0 and (t + 1) % 4 == 0 for t in range(12)]
+    with pytest.raises(ValueError, match="train_every"):
+        LossDynamics(train_every=0)
