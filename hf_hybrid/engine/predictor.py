@@ -258,7 +258,8 @@ class AdamReplayPredictor(DeltaPredictor):
         if not isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
             raise ValueError(
                 f"hybrid_predictor='adam' replays torch.optim.Adam/AdamW state; the optimizer is "
-                f"{type(inner).__name__} (use optim='adamw_torch', or another predictor)"
+                f"{type(inner).__module__}.{type(inner).__qualname__} (use optim='adamw_torch', or another "
+                "predictor)"
             )
         self.optimizer = inner
         self.params = dict(params)

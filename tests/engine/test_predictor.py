@@ -319,7 +319,7 @@ class TestAdamReplay:
         predictor = build_predictor("adam", params=dict(model.named_parameters()), optimizer=optimizer)
         assert predictor.nbytes() == 0
         sgd = torch.optim.SGD(model.parameters(), lr=0.1)
-        with pytest.raises(ValueError, match="replays torch.optim.Adam/AdamW state; the optimizer is SGD"):
+        with pytest.raises(ValueError, match="replays torch.optim.Adam/AdamW state; the optimizer is torch.optim.sgd.SGD"):
             build_predictor("adam", params=dict(model.named_parameters()), optimizer=sgd)
         with pytest.raises(ValueError, match="needs the optimizer"):
             build_predictor("adam")
