@@ -94,9 +94,9 @@ class HybridArgumentsMixin:
     hybrid_probe_batches: int = field(
         default=0,
         metadata={
-            "help": "Validate each predict phase on this many fixed training batches (eval mode, no_grad): "
-            "it is kept only if their loss fell from the phase's start to its end (0: off, the noisier "
-            "training-loss regression test decides)."
+            "help": "Validate each predict phase on this many fixed training-sized batches (eval mode, "
+            "no_grad): it is kept only if their loss fell from the phase's start to its end (0: off, the "
+            "noisier training-loss regression test decides)."
         },
     )
     hybrid_restart_engine: bool = field(
@@ -164,13 +164,8 @@ class HybridArgumentsMixin:
         )
 
     def _probe_cost(self) -> float:
-        """Forward units of one probe evaluation, relative to a training step's examples."""
-        if not self.hybrid_probe_batches:
-            return 0.0
-        step_examples = getattr(self, "per_device_train_batch_size", 1) * getattr(
-            self, "gradient_accumulation_steps", 1
-        )
-        return self.hybrid_probe_batches * getattr(self, "per_device_eval_batch_size", 1) / step_examples
+        """Forward units of one probe evaluation: its batches are training-sized, a step has GA of them."""
+        return self.hybrid_probe_batches / getattr(self, "gradient_accumulation_steps", 1)
 
     def hybrid_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(HybridArgumentsMixin)}

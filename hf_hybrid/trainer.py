@@ -93,6 +93,8 @@ class HybridHFTrainer(Trainer):
             resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir) or True
         if isinstance(resume_from_checkpoint, str) and self.hybrid_args.hybrid_enabled:
             self._check_resumable(resume_from_checkpoint)
+        if self.hybrid_args.hybrid_enabled:
+            _check_not_empty(self.train_dataset)
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _check_resumable(self, checkpoint: str) -> None:
@@ -130,7 +132,22 @@ class HybridHFTrainer(Trainer):
         )
         if self.hybrid_args.hybrid_enabled:
             self._start_engine(model)
+            self._warn_if_all_warmup(max_steps)
         return model, train_dataloader
+
+    def _warn_if_all_warmup(self, max_steps: int) -> None:
+        """A run that ends inside the warmup never predicts: say so once, instead of a silent plain run."""
+        if self.engine is None or self.engine.config.schedule.script is not None:
+            return
+        warmup = self.engine.config.schedule.warmup_steps
+        if max_steps - self.state.global_step <= warmup - self.engine.controller.steps_decided:
+            logger.warning(
+                "hf_hybrid: max_steps=%d ends inside the hybrid warmup (hybrid_warmup_steps=%d), so no "
+                "predict phase can open and this run trains exactly like the plain Trainer; lower "
+                "`hybrid_warmup_steps` or raise `max_steps` to use the hybrid phases",
+                max_steps,
+                warmup,
+            )
 
     def _start_engine(self, model: nn.Module) -> None:
         if self.is_deepspeed_enabled:
@@ -198,7 +215,7 @@ class HybridHFTrainer(Trainer):
                 "`hybrid_probe_batches` needs a train_dataset with a length (not an IterableDataset)"
             )
         count = min(
-            len(dataset), self.hybrid_args.hybrid_probe_batches * self.args.per_device_eval_batch_size
+            len(dataset), self.hybrid_args.hybrid_probe_batches * self.args.per_device_train_batch_size
         )
         generator = torch.Generator().manual_seed(self.engine_config.seed)
         indices = torch.randperm(len(dataset), generator=generator)[:count].tolist()
@@ -448,6 +465,15 @@ class _PhaseProgressCallback(TrainerCallback):
             if bar is not None:
                 phase = engine.controller.phase.value if engine.controller.phase else None
                 bar.set_postfix(progress_postfix(phase, engine.stats()), refresh=False)
+
+
+def _check_not_empty(dataset: Any) -> None:
+    """Name the cause (torch's sampler would only say `num_samples=0`), before any step is spent."""
+    if dataset is not None and hasattr(dataset, "__len__") and len(dataset) == 0:
+        raise ValueError(
+            "HybridHFTrainer: `train_dataset` is empty (0 examples), there is nothing to train on; "
+            "pass a dataset with at least one example"
+        )
 
 
 def _wrap_with_peft(model: nn.Module | None, peft_config: Any) -> nn.Module:
