@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 # Cost of one step in forward-pass units (forward 1, backward 2): the machine-independent compute model.
 FULL_STEP_COST = 3.0
 CHECKED_PREDICT_COST = 1.0
+# Lower bound of the loss noise a predict phase is judged against, relative to the loss.
+REL_NOISE_FLOOR = 1e-3
 
 
 @dataclass(frozen=True)
@@ -195,28 +197,33 @@ class HybridEngine:
             return StepOutcome(phase, loss, False, rolled_back, report.level, tuple(reasons + report.reasons))
 
         steps_ahead = self.steps_since_real + 1
-        predicted = self._safe_predict(steps_ahead) if phase is not Phase.WARMUP else None
+        scored = phase is not Phase.WARMUP  # warmup only observes: no prediction to score, no cost
+        predicted = self._safe_predict(steps_ahead) if scored else None
         optimizer_step()
         delta = self._sync_last_theta()
-        pd, pp, dd = delta_dot_products(predicted, delta)
-        if not (math.isfinite(pd) and math.isfinite(pp)):
-            logger.warning("predictor %r produced a non-finite update; resetting it", self.config.predictor)
-            self.counts["refused_updates"] += 1
-            self.predictor.reset()
-            pd = pp = 0.0
-        residual = Residual(
-            self.controller.steps_decided,
-            phase.value,
-            steps_ahead,
-            pd,
-            pp,
-            dd,
-            loss,
-            self.last_predicted_loss,
-        )
-        if phase is not Phase.WARMUP:
+        residual = None
+        if scored:
+            pd, pp, dd = delta_dot_products(predicted, delta)
+            if not (math.isfinite(pd) and math.isfinite(pp)):
+                logger.warning(
+                    "predictor %r produced a non-finite update; resetting it", self.config.predictor
+                )
+                self.counts["refused_updates"] += 1
+                self.predictor.reset()
+                pd = pp = 0.0
+            residual = Residual(
+                self.controller.steps_decided,
+                phase.value,
+                steps_ahead,
+                pd,
+                pp,
+                dd,
+                loss,
+                self.last_predicted_loss,
+            )
             self.store.add(residual)
             self.corrector.update(residual)
+        del predicted
         self.predictor.observe(delta)
         self.steps_since_real = 0
         self.dynamics.observe(loss, lr, grad_norm, phase.index)
@@ -225,7 +232,7 @@ class HybridEngine:
         if self._react(report, may_roll_back=phase is Phase.CORRECT and not rolled_back):
             rolled_back = True
             reasons.append("rolled back: divergence at the CORRECT step")
-        if phase is Phase.CORRECT:
+        if phase is Phase.CORRECT and residual is not None:
             self._after_correct(residual, rolled_back)
         return StepOutcome(phase, loss, True, rolled_back, report.level, tuple(reasons + report.reasons))
 
@@ -325,7 +332,7 @@ class HybridEngine:
 
     def _open_predict_phase(self) -> None:
         self.guard.take_snapshot()
-        mean, std = self.monitor.loss_stats()
+        mean, std = self._phase_reference()
         horizon = self.controller.horizon
         self.phase_state = {
             "horizon": horizon,
@@ -336,6 +343,25 @@ class HybridEngine:
             "probe_before": self._probe(),
         }
         self.counts["predict_phases"] += 1
+
+    def _phase_reference(self) -> tuple[float, float]:
+        """Loss level a predict phase must not regress from (the loss model's one-step forecast) and the
+        batch-to-batch noise of FULL-step losses (robust: median absolute change).
+
+        Not the monitor's running statistics: on a falling loss their mean lags and their spread is mostly
+        trend, and the loss model's error grows with every spike it sees; with either, phases that raised
+        the loss by 1.5 passed (tests/faults, a confidently wrong predictor).
+        """
+        full = [r.loss_actual for r in self.store.recent(17, phase="full")]
+        full = [x for x in full if x is not None and math.isfinite(x)]
+        if self.dynamics.num_observed and len(full) >= 5:
+            mean = self.dynamics.forecast(1).mean[0]
+            changes = sorted(abs(b - a) for a, b in zip(full, full[1:], strict=False))
+            # median |x_t - x_{t-1}| of Gaussian noise = 0.954 sigma
+            std = max(changes[len(changes) // 2] / 0.954, REL_NOISE_FLOOR * abs(mean))
+            if math.isfinite(mean) and math.isfinite(std) and std > 0:
+                return mean, std
+        return self.monitor.loss_stats()
 
     def _close_predict_phase(self, rolled_back: bool, skill: float) -> None:
         if not self.phase_state:
@@ -401,8 +427,8 @@ class HybridEngine:
         self.last_report = report
         rolled_back = False
         if report.level >= DivergenceLevel.WARNING:
-            critical = report.level >= DivergenceLevel.CRITICAL
-            if may_roll_back and critical and self.config.rollback and self.guard.has_snapshot:
+            # at a CORRECT step the phase it closes is the suspect: a WARNING already fails it
+            if may_roll_back and self.config.rollback and self.guard.has_snapshot:
                 self._rollback()
                 rolled_back = True
             self._close_predict_phase(rolled_back=True, skill=0.0)

@@ -300,25 +300,31 @@ class AdamReplayPredictor(DeltaPredictor):
 def delta_dot_products(
     predicted: Mapping[str, torch.Tensor] | None, real: Mapping[str, torch.Tensor]
 ) -> tuple[float, float, float]:
-    """(<p, d>, <p, p>, <d, d>) summed over all tensors in float64, read back with one device sync."""
+    """(<p, d>, <p, p>, <d, d>) summed over all tensors, read back with one device sync.
+
+    fp32 dot products (no float64 copies of every parameter: this runs on every real step), summed
+    across tensors in float64; a tensor whose fp32 products overflow is redone in float64.
+    """
     sums: list[torch.Tensor] = []
     for name, d in real.items():
-        d64 = d.double()
-        p64 = None if predicted is None or name not in predicted else predicted[name].double()
-        zero = d64.new_zeros(())
-        sums.append(
-            torch.stack(
-                [
-                    zero if p64 is None else (p64 * d64).sum(),
-                    zero if p64 is None else (p64 * p64).sum(),
-                    (d64 * d64).sum(),
-                ]
-            )
-        )
+        p = None if predicted is None or name not in predicted else predicted[name]
+        dots = _dots(p, d, torch.float32)
+        if not bool(torch.isfinite(dots).all()):
+            dots = _dots(p, d, torch.float64)
+        sums.append(dots.double())
     if not sums:
         return 0.0, 0.0, 0.0
     pd, pp, dd = torch.stack([x.to(sums[0].device) for x in sums]).sum(0).tolist()
     return pd, pp, dd
+
+
+def _dots(p: torch.Tensor | None, d: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    flat = d.reshape(-1).to(dtype)
+    dd = torch.dot(flat, flat)
+    if p is None:
+        return torch.stack([dd.new_zeros(()), dd.new_zeros(()), dd])
+    q = p.reshape(-1).to(dtype)
+    return torch.stack([torch.dot(q, flat), torch.dot(q, q), dd])
 
 
 def cosine(pd: float, pp: float, dd: float) -> float:

@@ -1,7 +1,8 @@
 """A hybrid training run in its own process, for resume and crash tests.
 
 python hybrid_run.py --out DIR [--resume PATH|last] [--save-every N | --save-at-kinds]
-                     [--kill-in-save-at STEP] [--lora] [--accumulation N] --result FILE.json
+                     [--kill-in-save-at STEP] [--kill-at-step STEP] [--lora] [--accumulation N]
+                     --result FILE.json
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ def main() -> None:
     parser.add_argument("--save-every", type=int, default=0)
     parser.add_argument("--save-at-kinds", action="store_true", help="save mid-predict and at a CORRECT step")
     parser.add_argument("--kill-in-save-at", type=int, default=0)
+    parser.add_argument(
+        "--kill-at-step", type=int, default=0, help="SIGKILL in the forward pass of this step"
+    )
     parser.add_argument("--lora", action="store_true")
     parser.add_argument("--accumulation", type=int, default=1)
     parser.add_argument("--result", required=True)
@@ -50,6 +54,8 @@ def main() -> None:
         trainer.add_callback(saver)
     if opts.kill_in_save_at:
         _kill_inside_save(trainer, opts.kill_in_save_at)
+    if opts.kill_at_step:
+        _kill_at_step(trainer, opts.kill_at_step)
     resume = {"last": True, None: None}.get(opts.resume, opts.resume)
     trainer.train(resume_from_checkpoint=resume)
     digest = hashlib.sha256()
@@ -81,6 +87,17 @@ def _kill_inside_save(trainer, step: int) -> None:
         return entry
 
     trainer_module.save_engine_state = save_then_die
+
+
+def _kill_at_step(trainer, step: int) -> None:
+    """SIGKILL this process in the middle of optimizer step `step` (0-based), after its phase was decided."""
+
+    def hook(module, inputs, output):
+        if trainer.state.global_step == step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return output
+
+    trainer.model.register_forward_hook(hook)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,77 @@
+"""The shared invariants can fail: each one catches a violation planted on purpose.
+
+Sabotage goes through objects the test owns (a callback, the engine's guard of this trainer, files in
+this test's checkpoint folder), never through the library.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+import torch
+from fault_invariants import CheckpointLoader, Invariants
+from harness import FROZEN, fault_model
+from helpers import hybrid_trainer
+from transformers import TrainerCallback
+
+from hf_hybrid.checkpoint import HYBRID_STATE_FILE
+
+
+class _Sabotage(TrainerCallback):
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        guard = self.trainer.engine.guard
+        apply = guard.apply
+
+        def apply_and_touch_the_optimizer(deltas, max_delta):
+            for moments in self.trainer.optimizer.state.values():
+                moments["exp_avg"].add_(1.0)
+            return apply(deltas, max_delta)
+
+        guard.apply = apply_and_touch_the_optimizer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        params = dict(self.trainer.model.named_parameters())
+        if state.global_step == 5:
+            with torch.no_grad():
+                params[FROZEN[0]].add_(1.0)
+        if state.global_step == args.max_steps:
+            with torch.no_grad():
+                params["transformer.h.0.mlp.c_fc.weight"].view(-1)[0] = math.nan
+            control.should_save = True
+
+
+def test_every_invariant_catches_a_planted_violation(tmp_path):
+    loader = CheckpointLoader()
+    invariants = Invariants(loader, "self-test")
+    trainer = hybrid_trainer(
+        tmp_path, model=fault_model(), max_steps=24, save_strategy="steps", save_steps=12
+    )
+    invariants.watch(trainer)
+    trainer.add_callback(_Sabotage(trainer))
+    trainer.train()
+    with pytest.raises(AssertionError) as caught:
+        invariants.verify()
+    message = str(caught.value)
+    assert "PREDICT step changed the optimizer state" in message
+    assert f"frozen weight {FROZEN[0]} moved" in message
+    assert "checkpoint-12: frozen weight" in message and "checkpoint-24: frozen weight" in message
+    assert "final model: non-finite values in transformer.h.0.mlp.c_fc.weight" in message
+    assert "checkpoint-24/model.safetensors: non-finite values" in message
+    assert invariants.predict_steps_checked > 0
+
+    # the new-process check: one checkpoint resumes, a copy without its tensor file does not
+    broken = tmp_path / "broken" / "checkpoint-12"
+    shutil.copytree(tmp_path / "checkpoint-12", broken)
+    (broken / HYBRID_STATE_FILE).unlink()
+    loader.add("good", tmp_path / "checkpoint-12", list(FROZEN))
+    loader.add("broken", broken, list(FROZEN))
+    with pytest.raises(AssertionError) as caught:
+        loader.run(tmp_path)
+    message = str(caught.value)
+    assert "broken:" in message and "hybrid_state.safetensors is missing" in message
+    assert "good:" not in message

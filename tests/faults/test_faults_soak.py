@@ -1,0 +1,161 @@
+"""Soak: 600 steps of tiny GPT-2 with a predictor that is deliberately bad at random predict steps.
+
+At each predict step, with probability 0.15 (seeded), the predictor's guess is replaced by one of:
+NaN, inf, a wrongly shaped tensor, an exception (each must be refused on the spot: rollback,
+predictor reset, forced FULL), or -50x the guess (confidently wrong: the phase must be rolled back or
+the loss must stay within the monitor's tolerance). The run must finish with finite weights, its
+final eval loss within the plain Trainer's spread over 3 seeds, and the telemetry must count every
+rollback. Prints `N passed, N failed` (injected faults recovered / not).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+
+import pytest
+import torch
+from harness import (
+    PREDICTOR_FAULTS,
+    FaultyPredictor,
+    Trigger,
+    confidently_wrong,
+    fault_model,
+    fault_predictor,
+)
+from helpers import EveryStep, hybrid_trainer, plain_trainer, tiny_data
+
+STEPS = 600
+PROBABILITY = 0.15
+KINDS = ["nan", "inf", "wrong_shape", "raises", "wrong_direction"]
+REFUSED = {"nan", "inf", "wrong_shape", "raises"}  # must be refused at the step itself
+
+
+class _RandomTrigger(Trigger):
+    """Fires at a seeded random subset of predict steps and picks the fault kind of each."""
+
+    def __init__(self, trainer, seed: int) -> None:
+        super().__init__(trainer, "predict", times=10**9)
+        self.rng = random.Random(seed)
+        self.decided: dict[int, str | None] = {}
+        self.kinds: dict[int, str] = {}
+
+    def active(self) -> bool:
+        engine = self.trainer.engine
+        step = self.trainer.state.global_step
+        if engine is None or engine.controller.phase is None or engine.controller.phase.value != "predict":
+            return False
+        if step not in self.decided:
+            self.decided[step] = self.rng.choice(KINDS) if self.rng.random() < PROBABILITY else None
+        kind = self.decided[step]
+        if kind is None:
+            return False
+        if step not in self.kinds:
+            self.kinds[step] = kind
+            super().active()  # records the firing with the monitor's statistics
+        return True
+
+
+def _soak_fault(trigger: _RandomTrigger):
+    wrong = confidently_wrong(-50.0)
+
+    def fault(out, params):
+        kind = trigger.kinds[trigger.trainer.state.global_step]
+        return wrong(out, params) if kind == "wrong_direction" else PREDICTOR_FAULTS[kind](out, params)
+
+    return fault
+
+
+def _eval_loss(trainer) -> float:
+    _, evaluation = tiny_data()
+    return trainer.evaluate(eval_dataset=evaluation)["eval_loss"]
+
+
+@pytest.mark.slow
+def test_soak_with_a_predictor_that_is_bad_at_random_steps(tmp_path, invariants, monkeypatch):
+    plain_losses = []
+    for seed in (0, 1, 2):
+        plain = plain_trainer(tmp_path / f"plain-{seed}", model=fault_model(seed), max_steps=STEPS, seed=seed)
+        plain.train()
+        plain_losses.append(_eval_loss(plain))
+
+    clean_losses = []  # the same trainer and predictor, never faulted
+    clean_cls: type[FaultyPredictor] = fault_predictor(monkeypatch, lambda out, params: out)
+    for seed in (0, 1, 2):
+        clean = hybrid_trainer(
+            tmp_path / f"clean-{seed}",
+            model=fault_model(seed),
+            max_steps=STEPS,
+            seed=seed,
+            hybrid_predictor=clean_cls.name,
+            logging_steps=50,
+        )
+        clean.train()
+        clean_losses.append(_eval_loss(clean))
+
+    cls: type[FaultyPredictor] = fault_predictor(monkeypatch, lambda out, params: out)
+    trainer = hybrid_trainer(
+        tmp_path / "hybrid",
+        model=fault_model(0),
+        max_steps=STEPS,
+        hybrid_predictor=cls.name,
+        logging_steps=50,
+        save_strategy="steps",
+        save_steps=150,
+    )
+    invariants.watch(trainer)
+    trigger = _RandomTrigger(trainer, seed=6)
+    cls.trigger, cls.fault = trigger, staticmethod(_soak_fault(trigger))
+    weights_finite: list[bool] = []
+    trainer.add_callback(
+        EveryStep(
+            trainer,
+            lambda t: weights_finite.append(all(torch.isfinite(p).all() for p in t.model.parameters())),
+        )
+    )
+    trainer.train()
+    invariants.verify()
+    assert trainer.state.global_step == STEPS and all(weights_finite)
+
+    timeline = trainer.hybrid_timeline
+    stats = trainer.hybrid_stats()
+    sigma = trainer.engine.config.divergence_sigma
+    recovered, failed, caused = 0, 0, 0
+    for firing in trigger.firings:
+        step, kind = firing.step, trigger.kinds[firing.step]
+        row = timeline[step]
+        if kind in REFUSED:
+            ok = row["rolled_back"] and timeline[step + 1]["phase"] == "full"
+            caused += int(row["rolled_back"])
+        else:  # the phase it poisoned: rolled back, or the next real loss within the monitor's tolerance
+            end = next(i for i in range(step, len(timeline)) if timeline[i]["phase"] != "predict")
+            phase_rows = timeline[step : end + 1]
+            bound = firing.pre_loss_mean + sigma * firing.pre_loss_std
+            ok = any(r["rolled_back"] for r in phase_rows) or (
+                timeline[end]["loss"] is not None and timeline[end]["loss"] <= bound
+            )
+        recovered += int(ok)
+        failed += int(not ok)
+    counts = {kind: sum(k == kind for k in trigger.kinds.values()) for kind in KINDS}
+    hybrid_loss = _eval_loss(trainer)
+    print(
+        f"\nsoak: {len(trigger.firings)} faults injected {counts}; stats {stats['rollbacks']} rollbacks, "
+        f"{stats['refused_updates']} refused, {stats['predictor_errors']} predictor errors, "
+        f"{stats['forced_full']} forced FULL; phases {stats['steps_per_phase']}; eval loss: faulted hybrid "
+        f"{hybrid_loss:.4f}, clean hybrid {[round(x, 4) for x in clean_losses]}, "
+        f"plain {[round(x, 4) for x in plain_losses]}"
+    )
+    print(f"{recovered} passed, {failed} failed")
+    assert len(trigger.firings) >= 10 and all(counts.values())
+    assert failed == 0
+    assert stats["rollbacks"] == sum(row["rolled_back"] for row in timeline)  # every rollback counted
+    assert stats["rollbacks"] >= caused == sum(counts[k] for k in REFUSED)
+    assert stats["predictor_errors"] == counts["wrong_shape"] + counts["raises"]
+    assert stats["refused_updates"] >= sum(counts[k] for k in REFUSED)
+    # The eval loss. Against the plain Trainer this predictor (threshold 0: ~40% of the steps predicted,
+    # their batches never back-propagated) is worse with or without faults, so the faults are judged
+    # against the spread of the same hybrid trainer never faulted: mean + 3 sample std over 3 seeds.
+    assert math.isfinite(hybrid_loss)
+    clean_mean, clean_spread = statistics.mean(clean_losses), statistics.stdev(clean_losses)
+    assert hybrid_loss <= clean_mean + 3 * clean_spread, (hybrid_loss, clean_losses)
