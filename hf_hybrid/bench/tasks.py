@@ -148,14 +148,14 @@ TASKS: dict[str, Task] = {
         Task(
             name="minilm_cls",
             description="pretrained all-MiniLM-L6-v2, full fine-tune, 8-way stdlib-package classification",
-            learning_rate=5e-5,
+            learning_rate=2e-4,
             sizes=_CLS_SIZES,
             build=_build_cls,
         ),
         Task(
             name="minilm_lora",
             description="pretrained all-MiniLM-L6-v2 + LoRA r=8 (query, value), same classification",
-            learning_rate=5e-4,
+            learning_rate=2e-3,
             sizes=_CLS_SIZES,
             build=_build_lora,
         ),
