@@ -1,4 +1,4 @@
-"""The `hf-hybrid` console script: `train` and `demo` (`bench` is to come).
+"""The `hf-hybrid` console script: `train`, `demo` and `bench`.
 
 `hf-hybrid --version` and `hf-hybrid --help` answer without importing transformers (which takes ~10 s);
 each subcommand imports what it needs.

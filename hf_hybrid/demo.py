@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 RESULTS_FILE = "demo_results.json"
 NOT_A_BENCHMARK = (
     "This is a demo of the mechanism, not a benchmark (one seed, one learning rate, CPU wall-clock); "
-    "`hf-hybrid bench` (to come) is where speed at equal quality is measured."
+    "`hf-hybrid bench` is where speed at equal quality is measured."
 )
 
 
