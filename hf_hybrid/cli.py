@@ -387,6 +387,7 @@ def train_main(argv: Sequence[str]) -> int:
             eval_metrics["perplexity"] = float("inf")
         trainer.log_metrics("eval", eval_metrics)
         trainer.save_metrics("eval", eval_metrics)
+    trainer.create_model_card(dataset=data_args.dataset)  # with the "Hybrid training" section
     stats = trainer.hybrid_stats()
     if trainer.is_world_process_zero():
         Path(training_args.output_dir).mkdir(parents=True, exist_ok=True)

@@ -88,6 +88,8 @@ def test_train_builtin_tiny_model_on_stdlib(tmp_path, capsys):
     assert (out_dir / "model.safetensors").is_file()
     assert json.loads((out_dir / "hybrid_stats.json").read_text()) == stats
     assert "eval_loss" in json.loads((out_dir / "eval_results.json").read_text())
+    card = (out_dir / "README.md").read_text()
+    assert "hf-hybrid" in card and "Hybrid training" in card
 
 
 def _save_local_model(path: Path) -> None:
