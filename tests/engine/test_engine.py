@@ -484,3 +484,36 @@ class TestFaultyPredictors:
                 assert float(change.norm()) <= max_delta * float(before.norm()) * (1 + 1e-5) + 1e-7
         assert loop.engine.stats()["clipped_tensors"] >= len(applied)
         assert all(_finite(r.after) for r in loop.records)
+
+
+class TestDormant:
+    """Far below the threshold the engine watches real updates only every n-th step; training is unchanged."""
+
+    @staticmethod
+    def _run(dormant_every: int, force: bool) -> Loop:
+        schedule = PhaseSchedule(warmup_steps=5, full_steps=3, confidence_threshold=0.999, min_history=4)
+        loop = Loop(EngineConfig(schedule=schedule, dormant_every=dormant_every))
+        if force:
+            loop.engine._dormant = lambda: True  # the state under test, whatever this problem's skill
+        loop.run(80)
+        return loop
+
+    def test_observes_every_nth_full_step_and_trains_identically(self) -> None:
+        dormant, awake = self._run(8, force=True), self._run(1, force=False)
+        assert [r.plan.phase for r in dormant.records] == [r.plan.phase for r in awake.records]
+        assert Phase.PREDICT not in {r.plan.phase for r in awake.records}
+        assert _equal(dormant.params, awake.params)  # the optimizer stepped every step in both
+        assert dormant.optimizer_calls == awake.optimizer_calls == 80
+        assert awake.engine.predictor.observed == 80
+        assert dormant.engine.predictor.observed == 5 + 75 // 8  # warmup, then every 8th FULL step
+        # the averaged update keeps the EMA on the same scale as per-step updates
+        ratio = float(
+            dormant.engine.predictor.ema["0.weight"].norm() / awake.engine.predictor.ema["0.weight"].norm()
+        )
+        assert 0.5 < ratio < 2.0
+
+    def test_a_reachable_threshold_keeps_it_awake(self) -> None:
+        schedule = PhaseSchedule(warmup_steps=5, full_steps=3, confidence_threshold=0.0, min_history=4)
+        loop = Loop(EngineConfig(schedule=schedule, dormant_every=8))
+        loop.run(40)
+        assert not loop.engine._dormant()
