@@ -111,7 +111,8 @@ def test_a_predictor_is_never_consulted_in_warmup(tmp_path, invariants, monkeypa
     trainer.train()
     invariants.verify()
     assert cls.calls_faulted == 0 and trainer.hybrid_stats()["predictor_errors"] == 0
-    assert trainer.engine.predictor.observed == 14
+    # it still observed: densely near the end of warmup, every 8th (averaged) update before that
+    assert 0 < trainer.engine.predictor.observed < 14
 
 
 @pytest.mark.parametrize("check_every", [1, 0], ids=["checked", "blind"])
