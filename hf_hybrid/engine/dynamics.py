@@ -303,6 +303,15 @@ class LossDynamics:
         base = max(base, _scale_floor(last))
         return LossForecast(mean=[value] * horizon, std=[base * s for s in sqrt_k], source=source)
 
+    def next_loss(self) -> float | None:
+        """One-step forecast mean, without a roll-out: `observe` already computed the GRU's (this runs
+        every optimizer step, so the GRU forward is not paid twice). None before any loss."""
+        if self._count == 0:
+            return None
+        if self._count >= self.min_history and self.trusted and self._pending is not None:
+            return self._pending[0]
+        return self.forecast(1).mean[0]
+
     def _recent_change_std(self) -> float:
         """Spread of the recent one-step loss changes; a floor when there are too few."""
         losses = self._losses

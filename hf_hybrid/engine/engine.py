@@ -398,9 +398,8 @@ class HybridEngine:
 
     def _forecast_next_loss(self) -> float | None:
         """The loss model's one-step forecast (None before it has seen a loss)."""
-        if not self.dynamics.num_observed:
-            return None
-        return _finite_or_none(self.dynamics.forecast(1).mean[0])
+        value = self.dynamics.next_loss()
+        return None if value is None else _finite_or_none(value)
 
     def _prediction_error(self, loss: float) -> float | None:
         """Signed (actual - forecast): the monitor scores it one-sided, so a better loss never alarms."""

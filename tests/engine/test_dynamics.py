@@ -262,3 +262,12 @@ def test_train_every_trains_only_on_every_nth_step() -> None:
     assert changed == [t > 0 and (t + 1) % 4 == 0 for t in range(12)]
     with pytest.raises(ValueError, match="train_every"):
         LossDynamics(train_every=0)
+
+
+def test_next_loss_is_the_one_step_forecast_without_a_rollout() -> None:
+    dyn = LossDynamics(seed=0)
+    assert dyn.next_loss() is None
+    for t in range(300):
+        dyn.observe(2.0 * math.exp(-t / 200) + 0.5, 1e-3, 1.0, 1)
+        assert dyn.next_loss() == pytest.approx(dyn.forecast(1).mean[0], rel=1e-5)
+    assert dyn.trusted
