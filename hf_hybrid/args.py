@@ -15,7 +15,7 @@ from transformers import TrainingArguments
 
 from .engine.engine import EngineConfig
 from .engine.phases import PhaseSchedule
-from .engine.predictor import PREDICTORS
+from .engine.predictor import AUTO, PREDICTORS
 
 SNAPSHOT_DEVICES = ("same", "cpu")
 
@@ -56,8 +56,12 @@ class HybridArgumentsMixin:
         metadata={"help": "Insert a real CORRECT step after this many predicted steps (0: only at the end)."},
     )
     hybrid_predictor: str = field(
-        default="ema",
-        metadata={"help": "Weight-delta predictor.", "choices": sorted(PREDICTORS)},
+        default=AUTO,
+        metadata={
+            "help": "Weight-delta predictor. auto: `adam` (replays torch Adam/AdamW, no extra buffer) "
+            "when the optimizer allows, else `ema`.",
+            "choices": [AUTO, *sorted(PREDICTORS)],
+        },
     )
     hybrid_check_every: int = field(
         default=1,
@@ -124,10 +128,9 @@ class HybridArgumentsMixin:
         _check_float(self, "hybrid_confidence_threshold", 0.0, 1.0)
         _check_float(self, "hybrid_max_delta", 0.0, 1.0, low_open=True)
         _check_float(self, "hybrid_divergence_sigma", 0.0, 1e6, low_open=True)
-        if self.hybrid_predictor not in PREDICTORS:
-            raise ValueError(
-                f"`hybrid_predictor` must be one of {sorted(PREDICTORS)}, got {self.hybrid_predictor!r}"
-            )
+        if self.hybrid_predictor not in (AUTO, *PREDICTORS):
+            allowed = [AUTO, *sorted(PREDICTORS)]
+            raise ValueError(f"`hybrid_predictor` must be one of {allowed}, got {self.hybrid_predictor!r}")
         if self.hybrid_snapshot_device not in SNAPSHOT_DEVICES:
             raise ValueError(
                 f"`hybrid_snapshot_device` must be one of {list(SNAPSHOT_DEVICES)}, "

@@ -45,7 +45,7 @@ def card_context(
         **{key: stats[key] for key in _STAT_KEYS},
         **{key: metrics.get(key) for key in _METRIC_KEYS},
         "version": __version__,
-        "predictor": config.get("hybrid_predictor", "?"),
+        "predictor": stats.get("predictor") or config.get("hybrid_predictor", "?"),
         "config": dict(config),
         "loss_forecast_mae": sum(errors) / len(errors) if errors else None,
         "measured_time_saved_fraction": measured_time_saved_fraction(timeline),

@@ -21,7 +21,7 @@ BAD_VALUES = [
     ("hybrid_confidence_threshold", 1.5, r"number in \[0.0, 1.0\]"),
     ("hybrid_confidence_threshold", float("nan"), r"number in \[0.0, 1.0\]"),
     ("hybrid_correction_interval", -1, r"integer >= 0"),
-    ("hybrid_predictor", "magic", r"one of \['adam', 'ema', 'lowrank', 'null'\]"),
+    ("hybrid_predictor", "magic", r"one of \['auto', 'adam', 'ema', 'lowrank', 'null'\]"),
     ("hybrid_check_every", -2, r"integer >= 0"),
     ("hybrid_max_delta", 0.0, r"number in \(0.0, 1.0\]"),
     ("hybrid_max_delta", 2.0, r"number in \(0.0, 1.0\]"),

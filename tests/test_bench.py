@@ -96,3 +96,32 @@ def test_compute_units_follow_the_phase_counts(tiny_bench):
             stats = run["stats"]
             assert run["compute_units"] == 3 * stats["backward_run"] + stats["predict_checked"]
             assert run["compute_units"] < 3 * run["steps"]
+
+
+class _FakeResult:
+    def __init__(self, multiplier: float, loss: float) -> None:
+        self.spec = type("Spec", (), {"lr_multiplier": multiplier})()
+        self.eval_loss = loss
+
+
+@pytest.mark.parametrize(
+    ("losses", "tried"),
+    [
+        ({0.5: 3.0, 1.0: 2.8, 2.0: 2.6}, [4.0, 8.0]),  # best at the top edge twice: widened twice
+        ({0.5: 2.5, 1.0: 2.8, 2.0: 2.9}, [0.25]),  # best at the bottom edge, then inside
+        ({0.5: 3.0, 1.0: 2.5, 2.0: 2.9}, []),  # best inside: nothing more to try
+    ],
+)
+def test_the_lr_sweep_widens_while_its_best_rate_is_at_an_edge(losses, tried):
+    from hf_hybrid.bench.suite import _widen_sweep
+
+    curve = {0.25: 2.6, 4.0: 2.5, 8.0: 2.4}  # what the extra rates would give
+    asked: list[float] = []
+
+    def try_multiplier(m: float) -> _FakeResult:
+        asked.append(m)
+        return _FakeResult(m, curve[m])
+
+    sweep = _widen_sweep([_FakeResult(m, loss) for m, loss in losses.items()], try_multiplier, extensions=2)
+    assert asked == tried
+    assert len(sweep) == len(losses) + len(tried)

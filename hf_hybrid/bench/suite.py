@@ -19,22 +19,31 @@ from .runner import RunResult, RunSpec, run
 
 logger = logging.getLogger(__name__)
 
+BUDGETS = (0.25, 0.5, 0.75, 1.0)
+MAX_EXTENSIONS = 2  # times the LR sweep may be widened past its edge
 SUITES: dict[str, dict[str, Any]] = {
-    "tiny": {"size": "tiny", "tasks": ("clm_stdlib",), "seeds": (0,), "lr_multipliers": (1.0, 2.0)},
+    "tiny": {
+        "size": "tiny",
+        "tasks": ("clm_stdlib",),
+        "seeds": (0,),
+        "lr_multipliers": (1.0, 2.0),
+        "widen": 0,
+    },
     "quick": {
         "size": "quick",
         "tasks": ("clm_stdlib", "minilm_cls", "minilm_lora"),
         "seeds": (0,),
         "lr_multipliers": (0.5, 1.0, 2.0, 4.0),
+        "widen": MAX_EXTENSIONS,
     },
     "full": {
         "size": "full",
         "tasks": ("clm_stdlib", "minilm_cls", "minilm_lora"),
         "seeds": (0, 1, 2),
         "lr_multipliers": (0.5, 1.0, 2.0, 4.0),
+        "widen": MAX_EXTENSIONS,
     },
 }
-BUDGETS = (0.25, 0.5, 0.75, 1.0)
 
 
 @dataclass
@@ -61,7 +70,13 @@ def run_suite(
     for task in tasks or config["tasks"]:
         reports.append(
             _run_task(
-                task, config["size"], seeds or config["seeds"], config["lr_multipliers"], overrides, progress
+                task,
+                config["size"],
+                seeds or config["seeds"],
+                config["lr_multipliers"],
+                config["widen"],
+                overrides,
+                progress,
             )
         )
     return reports
@@ -72,6 +87,7 @@ def _run_task(
     size: str,
     seeds: Sequence[int],
     multipliers: Sequence[float],
+    widen: int,
     overrides: tuple[tuple[str, Any], ...],
     progress: Callable[[str], None],
 ) -> TaskReport:
@@ -85,6 +101,7 @@ def _run_task(
 
     run(RunSpec(task, size, "plain", seeds[0], budget=BUDGETS[0]))  # untimed warm-up: caches, allocator
     sweep = [go(RunSpec(task, size, "plain", seeds[0], m)) for m in multipliers]
+    sweep = _widen_sweep(sweep, lambda m: go(RunSpec(task, size, "plain", seeds[0], m)), widen)
     best = min(sweep, key=lambda r: r.eval_loss).spec.lr_multiplier
     report = TaskReport(task, best, runs=list(sweep))
     for seed in seeds:
@@ -100,6 +117,24 @@ def _run_task(
         report.per_seed.append(_compare(seed, frontier, hybrid, null))
     report.summary = _summarize(report.per_seed)
     return report
+
+
+def _widen_sweep(
+    sweep: list[RunResult], try_multiplier: Callable[[float], RunResult], extensions: int
+) -> list[RunResult]:
+    """While the best learning rate is the sweep's largest (smallest), try twice (half) that rate: a best
+    rate at the edge of the sweep means the plain Trainer was not tuned."""
+    sweep = list(sweep)
+    for _ in range(extensions):
+        multipliers = sorted(r.spec.lr_multiplier for r in sweep)
+        best = min(sweep, key=lambda r: r.eval_loss).spec.lr_multiplier
+        if best == multipliers[-1]:
+            sweep.append(try_multiplier(best * 2))
+        elif best == multipliers[0]:
+            sweep.append(try_multiplier(best / 2))
+        else:
+            break
+    return sweep
 
 
 def _compare(seed: int, frontier: list[RunResult], hybrid: RunResult, null: RunResult) -> dict[str, Any]:

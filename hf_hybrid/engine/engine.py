@@ -25,7 +25,7 @@ from .divergence import DivergenceLevel, DivergenceMonitor, DivergenceReport
 from .dynamics import LossDynamics
 from .guard import ParameterGuard
 from .phases import Phase, PhaseController, PhaseSchedule
-from .predictor import build_predictor, delta_dot_products
+from .predictor import build_predictor, delta_dot_products, resolve_predictor_name
 from .residuals import Corrector, Residual, ResidualStore
 from .state import FORMAT_VERSION
 
@@ -41,7 +41,7 @@ REL_NOISE_FLOOR = 1e-3
 @dataclass(frozen=True)
 class EngineConfig:
     schedule: PhaseSchedule = field(default_factory=PhaseSchedule)
-    predictor: str = "ema"
+    predictor: str = "auto"  # see predictor.resolve_predictor_name
     predictor_kwargs: dict[str, Any] = field(default_factory=dict)
     check_every: int = 1
     max_delta: float = 0.05
@@ -97,8 +97,9 @@ class HybridEngine:
         self.bandit = HorizonBandit(
             default_arms(s.min_predict_steps, s.max_predict_steps), seed=self.config.seed, exploration=0.3
         )
+        self.predictor_name = resolve_predictor_name(self.config.predictor, optimizer)
         self.predictor = build_predictor(
-            self.config.predictor, params=self.params, optimizer=optimizer, **self.config.predictor_kwargs
+            self.predictor_name, params=self.params, optimizer=optimizer, **self.config.predictor_kwargs
         )
         self.dynamics = LossDynamics(seed=self.config.seed, train_every=4)  # ~1 ms a step on average
         self.monitor = DivergenceMonitor(sigma=self.config.divergence_sigma)
@@ -212,9 +213,7 @@ class HybridEngine:
         if scored:
             pd, pp, dd = delta_dot_products(predicted, delta)
             if not (math.isfinite(pd) and math.isfinite(pp)):
-                logger.warning(
-                    "predictor %r produced a non-finite update; resetting it", self.config.predictor
-                )
+                logger.warning("predictor %r produced a non-finite update; resetting it", self.predictor_name)
                 self.counts["refused_updates"] += 1
                 self.predictor.reset()
                 pd = pp = 0.0
@@ -318,7 +317,7 @@ class HybridEngine:
             _check_prediction(predicted, self.params)
             return predicted
         except Exception as exc:  # noqa: BLE001 - any predictor failure must end in a safe fallback
-            logger.warning("predictor %r raised %r; resetting it", self.config.predictor, exc)
+            logger.warning("predictor %r raised %r; resetting it", self.predictor_name, exc)
             self.counts["predictor_errors"] += 1
             self.predictor.reset()
             if self.controller.in_predict_phase:
@@ -545,6 +544,7 @@ class HybridEngine:
             "probe_evaluations": self.counts["probe_evaluations"],
             "compute_units": cost,
             "compute_saved_fraction": 1.0 - cost / max((run + skipped) * FULL_STEP_COST, 1.0),
+            "predictor": self.predictor_name,
             "predictor_bytes": self.predictor.nbytes(),
             "engine_bytes": self.nbytes(),
         }

@@ -18,6 +18,7 @@ from hf_hybrid.engine.predictor import (
     cosine,
     delta_dot_products,
     register_predictor,
+    resolve_predictor_name,
 )
 
 SHAPES = {"layer.weight": (6, 5), "layer.bias": (6,)}
@@ -327,7 +328,18 @@ class TestAdamReplay:
         predictor = build_predictor("adam", params=dict(model.named_parameters()), optimizer=optimizer)
         assert predictor.nbytes() == 0
         sgd = torch.optim.SGD(model.parameters(), lr=0.1)
-        with pytest.raises(ValueError, match="Adam/AdamW state; the optimizer is torch.optim.sgd.SGD"):
+        with pytest.raises(ValueError, match=r"maximize\); the optimizer is torch.optim.sgd.SGD"):
             build_predictor("adam", params=dict(model.named_parameters()), optimizer=sgd)
         with pytest.raises(ValueError, match="needs the optimizer"):
             build_predictor("adam")
+
+    def test_auto_takes_the_replay_only_where_it_is_exact(self):
+        model = torch.nn.Linear(3, 2)
+        params = list(model.parameters())
+        assert resolve_predictor_name("auto", torch.optim.AdamW(params)) == "adam"
+        assert resolve_predictor_name("auto", torch.optim.Adam(params, fused=False)) == "adam"
+        assert resolve_predictor_name("auto", torch.optim.AdamW(params, amsgrad=True)) == "ema"
+        assert resolve_predictor_name("auto", torch.optim.Adam(params, maximize=True)) == "ema"
+        assert resolve_predictor_name("auto", torch.optim.SGD(params, lr=0.1)) == "ema"
+        assert resolve_predictor_name("auto", None) == "ema"
+        assert resolve_predictor_name("lowrank", torch.optim.AdamW(params)) == "lowrank"
