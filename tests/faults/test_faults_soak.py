@@ -6,6 +6,13 @@ predictor reset, forced FULL), or -50x the guess (confidently wrong: the phase m
 the loss must stay within the monitor's tolerance). The run must finish with finite weights, its
 final eval loss within the plain Trainer's spread over 3 seeds, and the telemetry must count every
 rollback. Prints `N passed, N failed` (injected faults recovered / not).
+
+"Within the plain Trainer's spread" is read as: at most the mean + 3 sample standard deviations of the
+plain Trainer's final eval loss over 5 seeds (a lower loss is always fine). The hybrid settings predict
+about a fifth of the steps (a real FULL stretch of 12 steps between predict phases of at most 4): at
+the soak's first settings (3 FULL steps, ~40% of the steps predicted) the hybrid trainer was worse than
+that bound even without any fault, because this predictor does not teach the model as much as the
+batches it skips (issue 3's benchmark).
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ from harness import (
 from helpers import EveryStep, hybrid_trainer, plain_trainer, tiny_data
 
 STEPS = 600
-PROBABILITY = 0.15
+PROBABILITY = 0.3
+PLAIN_SEEDS = (0, 1, 2, 3, 4)
+SOAK_ARGS = {"hybrid_full_steps": 12}
 KINDS = ["nan", "inf", "wrong_shape", "raises", "wrong_direction"]
 REFUSED = {"nan", "inf", "wrong_shape", "raises"}  # must be refused at the step itself
 
@@ -75,7 +84,7 @@ def _eval_loss(trainer) -> float:
 @pytest.mark.slow
 def test_soak_with_a_predictor_that_is_bad_at_random_steps(tmp_path, invariants, monkeypatch):
     plain_losses = []
-    for seed in (0, 1, 2):
+    for seed in PLAIN_SEEDS:
         plain = plain_trainer(tmp_path / f"plain-{seed}", model=fault_model(seed), max_steps=STEPS, seed=seed)
         plain.train()
         plain_losses.append(_eval_loss(plain))
@@ -90,6 +99,7 @@ def test_soak_with_a_predictor_that_is_bad_at_random_steps(tmp_path, invariants,
             seed=seed,
             hybrid_predictor=clean_cls.name,
             logging_steps=50,
+            **SOAK_ARGS,
         )
         clean.train()
         clean_losses.append(_eval_loss(clean))
@@ -103,6 +113,7 @@ def test_soak_with_a_predictor_that_is_bad_at_random_steps(tmp_path, invariants,
         logging_steps=50,
         save_strategy="steps",
         save_steps=150,
+        **SOAK_ARGS,
     )
     invariants.watch(trainer)
     trigger = _RandomTrigger(trainer, seed=6)
@@ -144,7 +155,8 @@ def test_soak_with_a_predictor_that_is_bad_at_random_steps(tmp_path, invariants,
         f"{stats['refused_updates']} refused, {stats['predictor_errors']} predictor errors, "
         f"{stats['forced_full']} forced FULL; phases {stats['steps_per_phase']}; eval loss: faulted hybrid "
         f"{hybrid_loss:.4f}, clean hybrid {[round(x, 4) for x in clean_losses]}, "
-        f"plain {[round(x, 4) for x in plain_losses]}"
+        f"plain {[round(x, 4) for x in plain_losses]} (bound: mean + 3 std = "
+        f"{statistics.mean(plain_losses) + 3 * statistics.stdev(plain_losses):.4f})"
     )
     print(f"{recovered} passed, {failed} failed")
     assert len(trigger.firings) >= 10 and all(counts.values())
@@ -153,9 +165,6 @@ def test_soak_with_a_predictor_that_is_bad_at_random_steps(tmp_path, invariants,
     assert stats["rollbacks"] >= caused == sum(counts[k] for k in REFUSED)
     assert stats["predictor_errors"] == counts["wrong_shape"] + counts["raises"]
     assert stats["refused_updates"] >= sum(counts[k] for k in REFUSED)
-    # The eval loss. Against the plain Trainer this predictor (threshold 0: ~40% of the steps predicted,
-    # their batches never back-propagated) is worse with or without faults, so the faults are judged
-    # against the spread of the same hybrid trainer never faulted: mean + 3 sample std over 3 seeds.
     assert math.isfinite(hybrid_loss)
-    clean_mean, clean_spread = statistics.mean(clean_losses), statistics.stdev(clean_losses)
-    assert hybrid_loss <= clean_mean + 3 * clean_spread, (hybrid_loss, clean_losses)
+    bound = statistics.mean(plain_losses) + 3 * statistics.stdev(plain_losses)
+    assert hybrid_loss <= bound, (hybrid_loss, plain_losses)
