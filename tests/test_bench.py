@@ -125,3 +125,15 @@ def test_the_lr_sweep_widens_while_its_best_rate_is_at_an_edge(losses, tried):
     sweep = _widen_sweep([_FakeResult(m, loss) for m, loss in losses.items()], try_multiplier, extensions=2)
     assert asked == tried
     assert len(sweep) == len(losses) + len(tried)
+
+
+def test_engine_memory_counts_the_predict_phase_snapshot(tiny_bench):
+    out, _, _ = tiny_bench
+    runs = json.loads((out / "results.json").read_text())["tasks"][0]["runs"]
+    hybrid = next(r for r in runs if r["spec"]["kind"] == "hybrid")
+    plain = next(r for r in runs if r["spec"]["kind"] == "plain")
+    assert plain["engine_peak_bytes"] == 0
+    # Once a predict phase has opened, the engine holds the rollback snapshot of every trainable tensor
+    # (kept for the next phase) next to the last weights: the `adam` replay itself keeps nothing.
+    assert hybrid["stats"]["predictor"] == "adam" and hybrid["stats"]["predictor_bytes"] == 0
+    assert hybrid["engine_peak_bytes"] >= hybrid["engine_bytes"] >= 2 * hybrid["trainable_bytes"]

@@ -59,7 +59,9 @@ def markdown(reports: list[TaskReport], meta: dict[str, Any]) -> str:
         "Speed-up = plain Trainer's cost to reach the run's final eval loss (interpolated on its frontier of "
         "complete runs at 1/4, 1/2, 3/4 and all of N steps, at its best learning rate from the sweep) / the "
         "run's cost. Time excludes evaluation; units count forward = 1, backward = 2. `>` marks a lower "
-        "bound (better than every frontier point), `<` an upper bound (worse than the cheapest).",
+        "bound (better than every frontier point), `<` an upper bound (worse than the cheapest). Extra "
+        "memory: the engine's largest state after any step (a predict phase's rollback snapshot included) "
+        "over the trainable parameters' bytes.",
         "",
         "| task | best lr | seeds | run | eval loss − plain (median) | speed-up time (median, min–max) "
         "| speed-up units (median) | backward skipped | wall / plain | extra memory / trainable |",
@@ -79,6 +81,7 @@ def markdown(reports: list[TaskReport], meta: dict[str, Any]) -> str:
                 f"| {s[f'{name}_wall_ratio_vs_plain_median']:.2f} "
                 f"| {s[f'{name}_extra_memory_ratio_median']:.2f} |"
             )
+    lines += _device_memory_lines(reports)
     lines += ["", "Plain Trainer seed-to-seed spread of final eval loss (max − min):"]
     lines += [f"- {r.task}: {r.summary['plain_eval_loss_spread']:.4f}" for r in reports]
     total = overall(reports)
@@ -90,6 +93,20 @@ def markdown(reports: list[TaskReport], meta: dict[str, Any]) -> str:
             f"{total['null_speedup_time_median']:.2f}x / {total['null_speedup_units_median']:.2f}x.",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _device_memory_lines(reports: list[TaskReport]) -> list[str]:
+    """Peak accelerator memory of the plain and hybrid runs at N (CUDA only; CPU runs have none)."""
+    lines = []
+    for r in reports:
+        rows = [row for row in r.per_seed if row["hybrid"].get("device_peak_bytes") is not None]
+        if rows:
+            plain = max(row["hybrid"]["plain_device_peak_bytes"] for row in rows) / 2**20
+            hybrid = max(row["hybrid"]["device_peak_bytes"] for row in rows) / 2**20
+            lines.append(f"- {r.task}: peak device memory plain {plain:.0f} MiB, hybrid {hybrid:.0f} MiB")
+    if not lines:
+        return []
+    return ["", "Peak device memory (torch.cuda.max_memory_allocated, largest over seeds):", *lines]
 
 
 def _bound_mark(per_seed: list[dict[str, Any]], name: str) -> str:

@@ -58,7 +58,9 @@ class RunResult:
     phases: list[str] = field(default_factory=list)
     losses: list[float | None] = field(default_factory=list)
     trainable_bytes: int = 0
-    engine_bytes: int = 0
+    engine_bytes: int = 0  # the engine's state at the end of the run
+    engine_peak_bytes: int = 0  # its largest state after any step (a predict phase holds a snapshot)
+    device_peak_bytes: int | None = None  # torch.cuda.max_memory_allocated over the run (None on CPU)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -73,12 +75,16 @@ class _Clock(TrainerCallback):
         self.last_step_end = 0.0
         self.trainer: Trainer | None = None
         self.curve: list[dict[str, float]] = []
+        self.engine_peak_bytes = 0
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.start = time.perf_counter()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.last_step_end = time.perf_counter()
+        engine = getattr(self.trainer, "engine", None)
+        if engine is not None:
+            self.engine_peak_bytes = max(self.engine_peak_bytes, engine.nbytes())
 
     def on_evaluate(
         self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kwargs: Any
@@ -122,6 +128,8 @@ def run(spec: RunSpec, output_dir: str | None = None) -> RunResult:
         )
         trainer.remove_callback(PrinterCallback)  # the report prints the numbers; no log dict per step
         clock.trainer = trainer
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
         trainer.train()
     trainable = [p for p in trainer.model.parameters() if p.requires_grad]
     hybrid = isinstance(trainer, HybridHFTrainer) and trainer.engine is not None
@@ -139,6 +147,8 @@ def run(spec: RunSpec, output_dir: str | None = None) -> RunResult:
         losses=[row["loss"] for row in timeline],
         trainable_bytes=sum(p.numel() * p.element_size() for p in trainable),
         engine_bytes=trainer.engine.nbytes() if hybrid else 0,
+        engine_peak_bytes=clock.engine_peak_bytes,
+        device_peak_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
     )
 
 
