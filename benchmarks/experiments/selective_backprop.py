@@ -13,22 +13,18 @@ goes into the library only if it beats the tuned plain Trainer.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import sys
 import tempfile
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from transformers import Trainer
 from transformers.trainer_callback import PrinterCallback
+from variants import experiment_parser, plain_frontier, write_results  # same folder: run as a script
 
 from hf_hybrid.bench.frontier import speedup
-from hf_hybrid.bench.runner import RunSpec, _arguments, _Clock, run
-from hf_hybrid.bench.suite import BUDGETS
+from hf_hybrid.bench.runner import RunSpec, _arguments, _Clock
 from hf_hybrid.bench.tasks import get_task
 
 
@@ -110,28 +106,14 @@ def run_selective(spec: RunSpec, options: dict[str, float]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--task", default="clm_stdlib")
-    parser.add_argument("--size", default="quick")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--multipliers", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0])
-    parser.add_argument(
-        "--variant", action="append", default=[], help="name:keep=0.5,start=0.5,end=0.9,every=2"
-    )
-    parser.add_argument("--out", required=True)
+    parser = experiment_parser("name:keep=0.5,start=0.5,end=0.9,every=2")
     opts = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 
-    sweep = [run(RunSpec(opts.task, opts.size, "plain", opts.seed, m)) for m in opts.multipliers]
-    for r in sweep:
-        print(f"plain x{r.spec.lr_multiplier:g}: loss {r.eval_loss:.4f} {r.train_seconds:.1f}s", flush=True)
-    best = min(sweep, key=lambda r: r.eval_loss)
-    frontier = [best] + [
-        run(RunSpec(opts.task, opts.size, "plain", opts.seed, best.spec.lr_multiplier, b))
-        for b in BUDGETS[:-1]
-    ]
-    for r in frontier[1:]:
-        print(f"plain budget {r.spec.budget}: loss {r.eval_loss:.4f} {r.train_seconds:.1f}s", flush=True)
+    def log(result, label):
+        print(f"{label}: loss {result.eval_loss:.4f} {result.train_seconds:.1f}s", flush=True)
+
+    best, frontier, sweep = plain_frontier(opts.task, opts.size, opts.seed, opts.multipliers, log)
     points_units = [(r.compute_units, r.eval_loss) for r in frontier]
     points_time = [(r.train_seconds, r.eval_loss) for r in frontier]
     rows = []
@@ -157,15 +139,7 @@ def main() -> None:
             f"speed-up units {units.ratio:.2f}x ({units.kind}) time {time.ratio:.2f}x",
             flush=True,
         )
-    Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(opts.out).write_text(json.dumps({
-        "command": " ".join(sys.argv), "task": opts.task, "size": opts.size, "seed": opts.seed,
-        "best_lr_multiplier": best.spec.lr_multiplier,
-        "frontier": [{"budget": r.spec.budget, "eval_loss": r.eval_loss, "units": r.compute_units,
-                      "seconds": r.train_seconds} for r in frontier],
-        "sweep": [{"multiplier": r.spec.lr_multiplier, "eval_loss": r.eval_loss} for r in sweep],
-        "variants": rows,
-    }, indent=1))  # fmt: skip
+    write_results(opts, best, frontier, sweep, rows)
 
 
 if __name__ == "__main__":

@@ -24,14 +24,8 @@ from hf_hybrid.cli import _parse_overrides
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--task", default="clm_stdlib")
-    parser.add_argument("--size", default="quick")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--multipliers", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0])
-    parser.add_argument("--variant", action="append", default=[], help="name:field=value,field=value")
+    parser = experiment_parser("name:field=value,field=value")
     parser.add_argument("--no-null", action="store_true")
-    parser.add_argument("--out", required=True)
     opts = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 
@@ -41,17 +35,7 @@ def main() -> None:
               f"time {result.train_seconds:6.1f}s skipped {skipped:.0%} "
               f"rollbacks {result.stats.get('rollbacks', 0)}", flush=True)  # fmt: skip
 
-    sweep = []
-    for m in opts.multipliers:
-        sweep.append(run(RunSpec(opts.task, opts.size, "plain", opts.seed, m)))
-        log(sweep[-1], f"plain x{m:g}")
-    best = min(sweep, key=lambda r: r.eval_loss)
-    frontier = [best]
-    for budget in BUDGETS[:-1]:
-        frontier.append(
-            run(RunSpec(opts.task, opts.size, "plain", opts.seed, best.spec.lr_multiplier, budget))
-        )
-        log(frontier[-1], f"plain x{best.spec.lr_multiplier:g} budget {budget}")
+    best, frontier, sweep = plain_frontier(opts.task, opts.size, opts.seed, opts.multipliers, log)
     rows = []
     for item in opts.variant:
         name, _, fields = item.partition(":")
@@ -67,6 +51,36 @@ def main() -> None:
             log(null, f"  null control of {name}")
             row["null"] = _scores(frontier, null)
         rows.append(row)
+    write_results(opts, best, frontier, sweep, rows)
+
+
+def experiment_parser(variant_help: str) -> argparse.ArgumentParser:
+    """Options every experiment script takes: task, size, seed, LR sweep, variants, output."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--task", default="clm_stdlib")
+    parser.add_argument("--size", default="quick")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--multipliers", type=float, nargs="+", default=[0.5, 1.0, 2.0, 4.0])
+    parser.add_argument("--variant", action="append", default=[], help=variant_help)
+    parser.add_argument("--out", required=True)
+    return parser
+
+
+def plain_frontier(task, size, seed, multipliers, log):
+    """The plain Trainer's LR sweep at the full budget, and its frontier at the best rate."""
+    sweep = []
+    for m in multipliers:
+        sweep.append(run(RunSpec(task, size, "plain", seed, m)))
+        log(sweep[-1], f"plain x{m:g}")
+    best = min(sweep, key=lambda r: r.eval_loss)
+    frontier = [best]
+    for budget in BUDGETS[:-1]:
+        frontier.append(run(RunSpec(task, size, "plain", seed, best.spec.lr_multiplier, budget)))
+        log(frontier[-1], f"plain x{best.spec.lr_multiplier:g} budget {budget}")
+    return best, frontier, sweep
+
+
+def write_results(opts, best, frontier, sweep, rows):
     Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
     Path(opts.out).write_text(json.dumps({
         "command": " ".join(sys.argv), "task": opts.task, "size": opts.size, "seed": opts.seed,
