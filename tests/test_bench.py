@@ -137,3 +137,11 @@ def test_engine_memory_counts_the_predict_phase_snapshot(tiny_bench):
     # (kept for the next phase) next to the last weights: the `adam` replay itself keeps nothing.
     assert hybrid["stats"]["predictor"] == "adam" and hybrid["stats"]["predictor_bytes"] == 0
     assert hybrid["engine_peak_bytes"] >= hybrid["engine_bytes"] >= 2 * hybrid["trainable_bytes"]
+
+
+def test_cpu_runs_are_timed_by_the_process_cpu_clock_with_wall_clock_kept(tiny_bench):
+    out, _, _ = tiny_bench
+    for run in json.loads((out / "results.json").read_text())["tasks"][0]["runs"]:
+        assert run["clock"] == "cpu_time"
+        assert run["train_seconds"] > 0 and run["wall_seconds"] > 0
+        assert run["curve"][-1]["seconds"] <= run["train_seconds"] + 1e-9

@@ -58,13 +58,14 @@ def markdown(reports: list[TaskReport], meta: dict[str, Any]) -> str:
         f"Machine: {meta['machine']}  ",
         "Speed-up = plain Trainer's cost to reach the run's final eval loss (interpolated on its frontier of "
         "complete runs at 1/4, 1/2, 3/4 and all of N steps, at its best learning rate from the sweep) / the "
-        "run's cost. Time excludes evaluation; units count forward = 1, backward = 2. `>` marks a lower "
+        "run's cost. Time excludes evaluation; it is the process's CPU time on CPU (robust to other load on "
+        "the machine), wall-clock on CUDA. Units count forward = 1, backward = 2. `>` marks a lower "
         "bound (better than every frontier point), `<` an upper bound (worse than the cheapest). Extra "
         "memory: the engine's largest state after any step (a predict phase's rollback snapshot included) "
         "over the trainable parameters' bytes.",
         "",
         "| task | best lr | seeds | run | eval loss − plain (median) | speed-up time (median, min–max) "
-        "| speed-up units (median) | backward skipped | wall / plain | extra memory / trainable |",
+        "| speed-up units (median) | backward skipped | time / plain | extra memory / trainable |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in reports:
@@ -78,7 +79,7 @@ def markdown(reports: list[TaskReport], meta: dict[str, Any]) -> str:
                 f"{s[f'{name}_speedup_time_max']:.2f}) "
                 f"| {kind}{s[f'{name}_speedup_units_median']:.2f}x "
                 f"| {s[f'{name}_backward_skipped_fraction_median']:.1%} "
-                f"| {s[f'{name}_wall_ratio_vs_plain_median']:.2f} "
+                f"| {s[f'{name}_time_ratio_vs_plain_median']:.2f} "
                 f"| {s[f'{name}_extra_memory_ratio_median']:.2f} |"
             )
     lines += _device_memory_lines(reports)
@@ -135,7 +136,7 @@ def plot_task(report: TaskReport, path: Path) -> Path:
                       label=f"{spec.kind} seed {spec.seed}")  # fmt: skip
     left.set_xlabel("training seconds (evaluation excluded)")
     left.set_ylabel("eval loss")
-    left.set_title(f"{report.task}: eval loss vs wall-clock")
+    left.set_title(f"{report.task}: eval loss vs training time")
     left.legend(fontsize=6)
     hybrid = next((r for r in report.runs if r.spec.kind == "hybrid"), None)
     if hybrid is not None:
