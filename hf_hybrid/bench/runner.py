@@ -81,6 +81,7 @@ class _Clock(TrainerCallback):
         self.clock = time.perf_counter if self.cuda else time.process_time
         self.start = self.wall_start = 0.0
         self.eval_seconds = self.eval_wall_seconds = 0.0
+        self.eval_before_step = self.eval_wall_before_step = 0.0
         self.last_step_end = self.last_step_end_wall = 0.0
         self.trainer: Trainer | None = None
         self.curve: list[dict[str, float]] = []
@@ -96,6 +97,9 @@ class _Clock(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.last_step_end, self.last_step_end_wall = self._now()
+        # Evaluations finished before this step end: one that follows the last step is not training time
+        # to subtract from it.
+        self.eval_before_step, self.eval_wall_before_step = self.eval_seconds, self.eval_wall_seconds
         engine = getattr(self.trainer, "engine", None)
         if engine is not None:
             self.engine_peak_bytes = max(self.engine_peak_bytes, engine.nbytes())
@@ -117,10 +121,10 @@ class _Clock(TrainerCallback):
         )
 
     def train_seconds(self) -> float:
-        return self.last_step_end - self.start - self.eval_seconds
+        return self.last_step_end - self.start - self.eval_before_step
 
     def wall_seconds(self) -> float:
-        return self.last_step_end_wall - self.wall_start - self.eval_wall_seconds
+        return self.last_step_end_wall - self.wall_start - self.eval_wall_before_step
 
 
 def compute_units(trainer: Trainer | None, steps: int) -> float:
