@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -26,6 +28,11 @@ from hf_hybrid.cli import _parse_overrides
 def main() -> None:
     parser = experiment_parser("name:field=value,field=value")
     parser.add_argument("--no-null", action="store_true")
+    parser.add_argument(
+        "--frontier-from",
+        help="a bench results.json: reuse its plain frontier for --seed instead of running one (compute-unit "
+        "speed-ups only: times from another invocation are not comparable, so time speed-ups are dropped)",
+    )
     opts = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 
@@ -35,7 +42,10 @@ def main() -> None:
               f"time {result.train_seconds:6.1f}s skipped {skipped:.0%} "
               f"rollbacks {result.stats.get('rollbacks', 0)}", flush=True)  # fmt: skip
 
-    best, frontier, sweep = plain_frontier(opts.task, opts.size, opts.seed, opts.multipliers, log)
+    if opts.frontier_from:
+        best, frontier, sweep = saved_frontier(opts.frontier_from, opts.task, opts.seed)
+    else:
+        best, frontier, sweep = plain_frontier(opts.task, opts.size, opts.seed, opts.multipliers, log)
     rows = []
     for item in opts.variant:
         name, _, fields = item.partition(":")
@@ -80,6 +90,40 @@ def plain_frontier(task, size, seed, multipliers, log):
     return best, frontier, sweep
 
 
+def saved_frontier(path, task, seed):
+    """The plain runs of a `hf-hybrid bench` results.json (or of an experiment's JSON, whose frontier is at
+    its own seed), as (best, frontier, sweep) with no timings."""
+    data = json.loads(Path(path).read_text())
+    if "frontier" in data:
+        if (data["task"], data["seed"]) != (task, seed):
+            raise ValueError(f"{path} holds the frontier of {data['task']} seed {data['seed']}")
+
+        def point(f, multiplier):
+            spec = SimpleNamespace(lr_multiplier=multiplier, budget=f.get("budget", 1.0))
+            units, loss = f.get("units", math.nan), f["eval_loss"]
+            return SimpleNamespace(spec=spec, eval_loss=loss, compute_units=units, train_seconds=math.nan)
+
+        best_multiplier = data["best_lr_multiplier"]
+        frontier = sorted((point(f, best_multiplier) for f in data["frontier"]), key=lambda r: -r.spec.budget)
+        return frontier[0], frontier, [point(f, f["multiplier"]) for f in data["sweep"]]
+    tasks = data["tasks"]
+    saved = next(t for t in tasks if t["task"] == task)
+    plain = [r for r in saved["runs"] if r["spec"]["kind"] == "plain"]
+
+    def result(r):
+        return SimpleNamespace(
+            spec=SimpleNamespace(**r["spec"]), eval_loss=r["eval_loss"], compute_units=r["compute_units"],
+            train_seconds=math.nan,
+        )  # fmt: skip
+
+    multiplier = saved["best_lr_multiplier"]
+    at_best = [r for r in plain if r["spec"]["seed"] == seed and r["spec"]["lr_multiplier"] == multiplier]
+    frontier = sorted((result(r) for r in at_best), key=lambda r: -r.spec.budget)
+    first_seed = plain[0]["spec"]["seed"]
+    sweep = [result(r) for r in plain if r["spec"]["budget"] == 1.0 and r["spec"]["seed"] == first_seed]
+    return frontier[0], frontier, sweep
+
+
 def write_results(opts, best, frontier, sweep, rows):
     Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
     Path(opts.out).write_text(json.dumps({
@@ -96,7 +140,10 @@ def _scores(frontier, result):
     units = speedup(
         [(r.compute_units, r.eval_loss) for r in frontier], result.eval_loss, result.compute_units
     )
-    time = speedup([(r.train_seconds, r.eval_loss) for r in frontier], result.eval_loss, result.train_seconds)
+    time = SimpleNamespace(ratio=None, kind="not_timed")  # a frontier read from another invocation
+    if all(math.isfinite(r.train_seconds) for r in frontier):
+        points = [(r.train_seconds, r.eval_loss) for r in frontier]
+        time = speedup(points, result.eval_loss, result.train_seconds)
     return {
         "eval_loss": result.eval_loss,
         "units": result.compute_units,
