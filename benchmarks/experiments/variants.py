@@ -130,7 +130,8 @@ def write_results(opts, best, frontier, sweep, rows):
         "command": " ".join(sys.argv), "task": opts.task, "size": opts.size, "seed": opts.seed,
         "best_lr_multiplier": best.spec.lr_multiplier,
         "frontier": [{"budget": r.spec.budget, "eval_loss": r.eval_loss, "units": r.compute_units,
-                      "seconds": r.train_seconds} for r in frontier],
+                      "seconds": r.train_seconds if math.isfinite(r.train_seconds) else None}
+                     for r in frontier],
         "sweep": [{"multiplier": r.spec.lr_multiplier, "eval_loss": r.eval_loss} for r in sweep],
         "variants": rows,
     }, indent=1))  # fmt: skip
