@@ -56,10 +56,11 @@ class HybridArgumentsMixin:
         metadata={"help": "Insert a real CORRECT step after this many predicted steps (0: only at the end)."},
     )
     hybrid_predictor: str = field(
-        default=AUTO,
+        default="ema",
         metadata={
             "help": "Weight-delta predictor. auto: `adam` (replays torch Adam/AdamW, no extra buffer) "
-            "when the optimizer allows, else `ema`.",
+            "when the optimizer allows, else `ema`: 1x instead of 2x the trainable bytes, but slower on "
+            "large models (see benchmarks/README.md).",
             "choices": [AUTO, *sorted(PREDICTORS)],
         },
     )

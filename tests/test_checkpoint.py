@@ -51,7 +51,7 @@ def test_trainer_state_json_holds_readable_hybrid_state(straight_run):
     assert entry["format_version"] == 1
     assert entry["state"]["controller"]["phase"] == "predict"
     assert entry["state"]["controller"]["predict_remaining"] > 0
-    assert entry["state"]["config"]["predictor"] == "auto"
+    assert entry["state"]["config"]["predictor"] == "ema"
     assert entry["state"]["snapshot"]  # a phase is open, so its rollback point is saved
     assert (folder / HYBRID_STATE_FILE).is_file()
 
@@ -74,7 +74,7 @@ def test_a_changed_predictor_is_refused_and_restart_engine_accepts_it(straight_r
     folder = str(out / f"checkpoint-{saved['correct']}")
     trainer = hybrid_trainer(tmp_path / "a", max_steps=40, hybrid_predictor="lowrank")
     with pytest.raises(
-        HybridCheckpointError, match=r"configuration differs.*'predictor': \('auto', 'lowrank'\)"
+        HybridCheckpointError, match=r"configuration differs.*'predictor': \('ema', 'lowrank'\)"
     ):
         trainer.train(resume_from_checkpoint=folder)
     trainer = hybrid_trainer(

@@ -143,7 +143,7 @@ def test_only_rank_zero_writes_the_hybrid_state_and_the_json_entry_is_complete(r
         entry = state["stateful_callbacks"]["HybridStateCallback"]["attributes"]["engine_state"]
         assert entry["sha256"] == save["sha256"] == _sha256(folder / HYBRID_STATE_FILE)
         assert entry["tensor_file"] == HYBRID_STATE_FILE
-        assert entry["state"]["config"]["predictor"] == "auto"
+        assert entry["state"]["config"]["predictor"] == "ema"
         assert not list(folder.glob("*.tmp"))
     mid = runs["ddp_dir"] / f"checkpoint-{rank0['saved_at']['mid_predict']}"
     entry = json.loads((mid / "trainer_state.json").read_text())["stateful_callbacks"]["HybridStateCallback"]

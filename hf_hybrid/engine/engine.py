@@ -41,7 +41,7 @@ REL_NOISE_FLOOR = 1e-3
 @dataclass(frozen=True)
 class EngineConfig:
     schedule: PhaseSchedule = field(default_factory=PhaseSchedule)
-    predictor: str = "auto"  # see predictor.resolve_predictor_name
+    predictor: str = "ema"  # or "auto": see predictor.resolve_predictor_name
     predictor_kwargs: dict[str, Any] = field(default_factory=dict)
     check_every: int = 1
     max_delta: float = 0.05
