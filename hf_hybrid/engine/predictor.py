@@ -81,7 +81,7 @@ AUTO = "auto"
 def resolve_predictor_name(name: str, optimizer: torch.optim.Optimizer | None) -> str:
     """`auto`: the Adam replay when the optimizer is a plain torch Adam/AdamW (it keeps no buffer of its
     own, so the engine stays at 1x the trainable bytes), the EMA of updates for any other optimizer.
-    Not the default: the replay's high skill keeps the engine scoring every step, which cost +15% time
+    Not the default: the replay's high skill keeps the engine scoring every step, which cost +18% time
     on a MiniLM full fine-tune on CPU where the EMA's engine sleeps (+2%)."""
     if name != AUTO:
         return name
