@@ -268,7 +268,7 @@ class AdamReplayPredictor(DeltaPredictor):
     def __init__(self, params: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer) -> None:
         super().__init__()
         inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper keeps the real one here
-        if not self.supports(inner):
+        if not self.supports(optimizer):
             raise ValueError(
                 "hybrid_predictor='adam' replays torch.optim.Adam/AdamW state (without amsgrad or "
                 f"maximize); the optimizer is {type(inner).__module__}.{type(inner).__qualname__} (use "
