@@ -9,7 +9,7 @@ from helpers import EveryStep, hybrid_trainer, tiny_gpt2
 from transformers import TrainerCallback
 
 from hf_hybrid import Phase
-from hf_hybrid.engine.predictor import PREDICTORS, EMAPredictor
+from hf_hybrid.engine.predictor import EMAPredictor, register_predictor, unregister_predictor
 
 FROZEN = ("transformer.wpe.weight", "transformer.ln_f.weight", "transformer.ln_f.bias")
 
@@ -152,7 +152,8 @@ class _LossFault:
         if (
             self.fired_at is None
             and engine.controller.phase is Phase.PREDICT
-            and engine.phase_state.get("predicted", 0) >= 1
+            and engine.phase is not None
+            and engine.phase.predicted >= 1
         ):
             self.fired_at = self.trainer.state.global_step
             self.snapshot = {k: v.clone() for k, v in engine.guard.snapshot.items()}
@@ -206,7 +207,7 @@ class _ExplodingPredictor(EMAPredictor):
 
 
 def test_exploding_predicted_delta_is_held_to_the_trust_region(tmp_path):
-    PREDICTORS[_ExplodingPredictor.name] = _ExplodingPredictor
+    register_predictor(_ExplodingPredictor.name, _ExplodingPredictor)
     try:
         trainer = hybrid_trainer(
             tmp_path, max_steps=40, hybrid_predictor="test_exploding", hybrid_max_delta=0.01
@@ -215,7 +216,7 @@ def test_exploding_predicted_delta_is_held_to_the_trust_region(tmp_path):
         trainer.add_callback(recorder)
         trainer.train()
     finally:
-        del PREDICTORS[_ExplodingPredictor.name]
+        unregister_predictor(_ExplodingPredictor.name)
     assert trainer.hybrid_stats()["clipped_tensors"] > 0
     for deltas in recorder.applied:
         for name, delta in deltas.items():

@@ -1,8 +1,8 @@
-"""Watching training for divergence and mapping how bad it looks to a recovery action.
+"""Watching training for divergence: how far from normal each step looks.
 
 Predicted steps apply updates nobody computed a gradient for, so a run can drift off quickly; several
 cheap signals (loss, gradient norm, prediction error) are scored against their own running statistics
-and the worst one decides the level, from "carry on" up to "roll back".
+and the worst one decides the level. What to do about a level is decided in one place, `recovery.py`.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from enum import Enum, IntEnum
+from enum import IntEnum
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DivergenceLevel", "DivergenceMonitor", "DivergenceReport", "RecoveryAction"]
+__all__ = ["DivergenceLevel", "DivergenceMonitor", "DivergenceReport"]
 
 # Lower bound of the std used in z-scores, relative to |mean|: a perfectly flat loss would otherwise give
 # infinite z-scores for the smallest wiggle. The absolute floor covers a mean of (almost) zero.
@@ -34,29 +34,11 @@ class DivergenceLevel(IntEnum):
     CRITICAL = 3
 
 
-class RecoveryAction(str, Enum):
-    """What the scheduler should do about a level."""
-
-    CONTINUE = "continue"
-    SHORTEN_HORIZON = "shorten_horizon"
-    FORCE_FULL = "force_full"
-    ROLLBACK = "rollback"
-
-
-_ACTIONS: dict[DivergenceLevel, RecoveryAction] = {
-    DivergenceLevel.NORMAL: RecoveryAction.CONTINUE,
-    DivergenceLevel.CAUTION: RecoveryAction.SHORTEN_HORIZON,
-    DivergenceLevel.WARNING: RecoveryAction.FORCE_FULL,
-    DivergenceLevel.CRITICAL: RecoveryAction.ROLLBACK,
-}
-
-
 @dataclass(frozen=True)
 class DivergenceReport:
-    """Verdict on one step: the level, its action, the scored signals and why."""
+    """Verdict on one step: the level, the scored signals and why (what to do is `recovery`'s call)."""
 
     level: DivergenceLevel
-    action: RecoveryAction
     signals: dict[str, float] = field(default_factory=dict)
     reasons: list[str] = field(default_factory=list)
 
@@ -230,11 +212,9 @@ class DivergenceMonitor:
             if self._alarm_streak >= self.min_history:
                 self._rebaseline(signals)
 
-        action = _ACTIONS[level]
         if level > DivergenceLevel.NORMAL:
-            log = logger.warning if level >= DivergenceLevel.WARNING else logger.info
-            log("divergence %s -> %s: %s", level.name, action.value, "; ".join(reasons))
-        return DivergenceReport(level=level, action=action, signals=signals, reasons=reasons)
+            logger.debug("divergence %s: %s", level.name, "; ".join(reasons))
+        return DivergenceReport(level=level, signals=signals, reasons=reasons)
 
     def _bound(self, level: DivergenceLevel) -> float:
         """The z threshold that ``level`` crossed (for the reason text)."""
@@ -254,7 +234,7 @@ class DivergenceMonitor:
             limit = self.grad_spike_ratio if key == "grad_ratio" else bound
             if value is not None and math.isfinite(value) and value > limit:
                 setattr(self, attribute, _RunningStat())
-                logger.warning(
+                logger.info(
                     "divergence: %s alarmed %d steps in a row; re-learning it", key, self._alarm_streak
                 )
         self._alarm_streak = 0

@@ -126,10 +126,12 @@ class ParameterGuard:
         """A real optimizer step rewrote the parameters; old rounding errors no longer apply."""
         self.compensation.clear()
 
-    def load_buffers(
-        self, snapshot: Mapping[str, torch.Tensor], compensation: Mapping[str, torch.Tensor]
-    ) -> None:
+    def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {"snapshot": dict(self.snapshot), "compensation": dict(self.compensation)}
+
+    def load_state_dict(self, state: Mapping[str, Mapping[str, torch.Tensor]]) -> None:
         """Restore a saved snapshot and carried rounding errors onto the parameters' devices."""
+        snapshot, compensation = state["snapshot"], state["compensation"]
         for name, saved in (*snapshot.items(), *compensation.items()):
             if name not in self.params or saved.shape != self.params[name].shape:
                 raise ValueError(f"saved guard buffer {name!r} does not match a trainable parameter")

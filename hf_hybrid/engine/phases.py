@@ -12,6 +12,10 @@ from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
 
+from .validation import ConfigError, check_float, check_int
+
+MAX_HORIZON = 1024  # longest predict phase the controller accepts
+
 
 class Phase(str, Enum):
     """Kind of one optimizer step."""
@@ -32,7 +36,7 @@ class Phase(str, Enum):
 
 @dataclass(frozen=True)
 class PhaseSchedule:
-    """Budgets of the cycle; validated by `HybridTrainingArguments` before they get here."""
+    """Budgets of the cycle, validated here (see `validation.ConfigError`)."""
 
     warmup_steps: int = 100
     full_steps: int = 20
@@ -51,14 +55,21 @@ class PhaseSchedule:
         return values
 
     def __post_init__(self) -> None:
-        for name in ("warmup_steps", "full_steps", "correction_interval", "min_history"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"`{name}` must be >= 0, got {getattr(self, name)}")
-        if not 1 <= self.min_predict_steps <= self.max_predict_steps:
-            raise ValueError(
-                "need 1 <= `min_predict_steps` <= `max_predict_steps`, got "
-                f"{self.min_predict_steps} and {self.max_predict_steps}"
-            )
+        for name in ("warmup_steps", "full_steps", "correction_interval"):
+            check_int(name, getattr(self, name), 0)
+        check_int("min_history", self.min_history, 1)
+        check_int("min_predict_steps", self.min_predict_steps, 1, MAX_HORIZON)
+        low = self.min_predict_steps if isinstance(self.min_predict_steps, int) else 1
+        check_int(
+            "max_predict_steps",
+            self.max_predict_steps,
+            low,
+            MAX_HORIZON,
+            bounds=f"an integer in [{low}, {MAX_HORIZON}] (at least `min_predict_steps`)",
+        )
+        check_float("confidence_threshold", self.confidence_threshold, 0.0, 1.0)
+        if self.script is not None and not all(isinstance(p, Phase) for p in self.script):
+            raise ConfigError("script", self.script, "None or a sequence of Phase values")
 
 
 class PhaseController:
@@ -157,6 +168,16 @@ class PhaseController:
         if self.phase in (Phase.PREDICT, Phase.CORRECT):
             self.phase = Phase.FULL  # the forced steps are this cycle's FULL budget, not added to it
             self.full_remaining = 0
+
+    def end_phase(self, failed: bool) -> None:
+        """The engine closed the predict phase: nothing of it remains to predict; a failed phase halves
+        the cap on later horizons, a validated one lets it grow back."""
+        self.predict_remaining = 0
+        self.predicted_since_correct = 0
+        if failed:
+            self.horizon_cap = max(self.schedule.min_predict_steps, self.horizon_cap // 2)
+        else:
+            self.relax()
 
     def shorten(self) -> None:
         """Halve the rest of an open predict phase and the cap on later horizons."""

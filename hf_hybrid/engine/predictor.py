@@ -4,6 +4,10 @@ Every predictor observes the *real* update of each real optimizer step (a dict n
 and, asked for the update `steps_ahead` steps after the last real one, returns a dict of the same
 shapes (or None for "no update"). Buffers are fp32 whatever the model dtype, so small updates are not
 rounded away, and are keyed by parameter name, never by `id()`.
+
+Bring your own: subclass `DeltaPredictor` and `register_predictor("name", MyPredictor)`; the name is then
+valid for `hybrid_predictor` (also on the command line), or pass an instance to
+`HybridHFTrainer(predictor=...)` / `HybridEngine(predictor=...)`.
 """
 
 from __future__ import annotations
@@ -19,10 +23,28 @@ Deltas = dict[str, torch.Tensor]
 
 
 class DeltaPredictor(ABC):
-    """Interface every predictor implements; register new ones with `@register_predictor`."""
+    """What the engine asks of a predictor.
+
+    - `observe(deltas)`: after every real step the engine observes (every step while awake; every
+      `dormant_every`-th step, with the update averaged per step, while dormant), `deltas[name]` is the
+      real fp32 update of trainable parameter `name` for one step. Never called in predict steps.
+    - `predict(steps_ahead)`: the update expected `steps_ahead` (>= 1) steps after the last real one, as
+      {name: tensor shaped like the parameter} for any subset of the parameters, or None (no update). The
+      engine scores it against the real update in FULL steps and applies it (scaled by the corrector,
+      clipped to the trust region, refused whole if not finite or wrongly shaped) in PREDICT steps. It
+      must not change the parameters or the optimizer itself.
+    - `reset()`: forget everything; called after the predictor's output was refused or raised.
+    - `tensors()` / `load_tensors()` and `extra_state()` / `load_extra_state()`: the checkpointed state
+      (flat-named tensors for safetensors; JSON-able scalars). Resume must continue bit for bit.
+    - Memory: whatever buffers it keeps count against the engine's bytes (`nbytes`, reported in
+      `hybrid_stats()`); keep it O(1) per trainable parameter. `observed` counts observed updates; the
+      engine opens no predict phase before `min_history` of them.
+    A predictor built by name gets `**predictor_kwargs`; one with `needs_optimizer = True` also gets
+    `params=` (name -> parameter) and `optimizer=` (the real torch optimizer).
+    """
 
     name: ClassVar[str]
-    needs_optimizer: ClassVar[bool] = False  # built with (params, optimizer) when True
+    needs_optimizer: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.observed = 0
@@ -67,15 +89,58 @@ class DeltaPredictor(ABC):
         return sum(t.numel() * t.element_size() for t in self.tensors().values())
 
 
-PREDICTORS: dict[str, type[DeltaPredictor]] = {}
+AUTO = "auto"
+_REGISTRY: dict[str, type[DeltaPredictor]] = {}
+_BUILTIN: set[str] = set()
 
 
-def register_predictor(cls: type[DeltaPredictor]) -> type[DeltaPredictor]:
-    PREDICTORS[cls.name] = cls
+def register_predictor(
+    name: str, cls: type[DeltaPredictor], *, override: bool = False
+) -> type[DeltaPredictor]:
+    """Make `cls` available as `hybrid_predictor=name`; returns `cls`.
+
+    A name already taken (a built-in, or an earlier registration) is refused unless `override=True`.
+    """
+    if not isinstance(name, str) or not name or name == AUTO:
+        raise ValueError(f"a predictor name must be a non-empty string other than {AUTO!r}, got {name!r}")
+    if not (isinstance(cls, type) and issubclass(cls, DeltaPredictor)):
+        raise TypeError(f"register_predictor({name!r}, ...) needs a DeltaPredictor subclass, got {cls!r}")
+    own = cls.__dict__.get("name")
+    if own is not None and own != name:
+        raise ValueError(f"{cls.__qualname__}.name is {own!r}; register it under that name, not {name!r}")
+    if name in _REGISTRY and _REGISTRY[name] is not cls and not override:
+        kind = "built-in predictor" if name in _BUILTIN else "predictor"
+        raise ValueError(
+            f"{name!r} is already a registered {kind} ({_REGISTRY[name].__qualname__}); "
+            "pass override=True to replace it, or choose another name"
+        )
+    cls.name = name
+    _REGISTRY[name] = cls
     return cls
 
 
-AUTO = "auto"
+def unregister_predictor(name: str) -> None:
+    """Remove a predictor registered by `register_predictor` (built-ins stay)."""
+    if name in _BUILTIN:
+        raise ValueError(f"{name!r} is a built-in predictor and cannot be unregistered")
+    _REGISTRY.pop(name, None)
+
+
+def available_predictors() -> list[str]:
+    """Registered names, sorted (`auto` is not one: it resolves to one of them)."""
+    return sorted(_REGISTRY)
+
+
+def predictor_class(name: str) -> type[DeltaPredictor]:
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown predictor {name!r}; available: {[AUTO, *available_predictors()]}")
+    return _REGISTRY[name]
+
+
+def _builtin(cls: type[DeltaPredictor]) -> type[DeltaPredictor]:
+    register_predictor(cls.name, cls)
+    _BUILTIN.add(cls.name)
+    return cls
 
 
 def resolve_predictor_name(name: str, optimizer: torch.optim.Optimizer | None) -> str:
@@ -95,9 +160,7 @@ def build_predictor(
     **kwargs: Any,
 ) -> DeltaPredictor:
     """A registered predictor; those that read the optimizer (`needs_optimizer`) get params and optimizer."""
-    if name not in PREDICTORS:
-        raise ValueError(f"unknown predictor {name!r}; available: {sorted(PREDICTORS)}")
-    cls = PREDICTORS[name]
+    cls = predictor_class(name)
     if cls.needs_optimizer:
         if optimizer is None or params is None:
             raise ValueError(f"predictor {name!r} needs the optimizer and the parameters")
@@ -105,7 +168,7 @@ def build_predictor(
     return cls(**kwargs)
 
 
-@register_predictor
+@_builtin
 class NullPredictor(DeltaPredictor):
     """Applies no update: the control every real predictor must beat (a predict step = a skipped batch)."""
 
@@ -127,7 +190,7 @@ class NullPredictor(DeltaPredictor):
         return None
 
 
-@register_predictor
+@_builtin
 class EMAPredictor(DeltaPredictor):
     """Bias-corrected EMA of the real updates, damped by `decay` per predicted step.
 
@@ -174,7 +237,7 @@ class EMAPredictor(DeltaPredictor):
         self.ema = {key.removeprefix("ema."): t.float().clone() for key, t in tensors.items()}
 
 
-@register_predictor
+@_builtin
 class LowRankPredictor(DeltaPredictor):
     """Per tensor, the top-`rank` subspace of the last `window` updates; coefficients extrapolated.
 
@@ -253,7 +316,7 @@ class LowRankPredictor(DeltaPredictor):
         self.history = {key.removeprefix("history."): t.float().clone() for key, t in tensors.items()}
 
 
-@register_predictor
+@_builtin
 class AdamReplayPredictor(DeltaPredictor):
     """The optimizer's own next step with no new gradient: Adam/AdamW moments decayed, state untouched.
 

@@ -71,6 +71,24 @@ class ResidualStore:
             return items
         return items[-n:] if n > 0 else []
 
+    def summary(self, scale: float, recent: int) -> dict[str, float]:
+        """Mean cosine, norm ratio and skill of the last `recent` scored guesses at corrector scale `scale`,
+        and how far the scaled guess was from the real update (absolute, and relative to it)."""
+        items = self.recent(recent)
+        if not items:
+            return {}
+        out = {
+            "update_cosine": sum(r.cosine for r in items) / len(items),
+            "update_norm_ratio": sum(r.norm_ratio for r in items) / len(items),
+            "update_skill": sum(r.skill(scale) for r in items) / len(items),
+        }
+        norms = [math.sqrt(max(scale * scale * r.pp - 2.0 * scale * r.pd + r.dd, 0.0)) for r in items]
+        out["residual_norm"] = sum(norms) / len(norms)
+        relative = [math.sqrt(max(1.0 - r.skill(scale), 0.0)) for r in items if r.dd > 0]
+        if relative:
+            out["residual_rel_norm"] = sum(relative) / len(relative)
+        return out
+
     def state_dict(self) -> dict[str, Any]:
         return {"capacity": self.capacity, "total": self.total, "items": [asdict(r) for r in self._items]}
 

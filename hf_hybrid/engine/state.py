@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 TENSOR_REF = "@tensor:"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: engine v2 (typed predict phase, update tracker, counters)
 
 
 def split_state(tree: Any, prefix: str = "") -> tuple[Any, dict[str, torch.Tensor]]:

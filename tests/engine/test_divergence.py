@@ -8,12 +8,7 @@ import math
 import pytest
 import torch
 
-from hf_hybrid.engine.divergence import (
-    DivergenceLevel,
-    DivergenceMonitor,
-    DivergenceReport,
-    RecoveryAction,
-)
+from hf_hybrid.engine.divergence import DivergenceLevel, DivergenceMonitor, DivergenceReport
 
 
 def _smooth_loss(steps: int, seed: int, noise: float = 0.05) -> list[float]:
@@ -40,9 +35,8 @@ def _copy(monitor: DivergenceMonitor) -> DivergenceMonitor:
     return clone
 
 
-def test_enums_and_action_mapping() -> None:
+def test_levels_are_ordered() -> None:
     assert [int(level) for level in DivergenceLevel] == [0, 1, 2, 3]
-    assert RecoveryAction.ROLLBACK == "rollback"
     assert (
         DivergenceLevel.CRITICAL > DivergenceLevel.WARNING > DivergenceLevel.CAUTION > DivergenceLevel.NORMAL
     )
@@ -53,7 +47,6 @@ def test_smooth_decreasing_noisy_loss_stays_normal() -> None:
     for loss in _smooth_loss(500, seed=0):
         report = monitor.check(loss, grad_norm=1.0)
         assert report.level == DivergenceLevel.NORMAL, report
-        assert report.action == RecoveryAction.CONTINUE
         assert report.reasons == []
 
 
@@ -70,22 +63,21 @@ def test_smooth_loss_never_warns_across_seeds() -> None:
 
 
 @pytest.mark.parametrize(
-    ("k", "level", "action"),
+    ("k", "level"),
     [
-        (10.0, DivergenceLevel.CRITICAL, RecoveryAction.ROLLBACK),
-        (6.5, DivergenceLevel.CRITICAL, RecoveryAction.ROLLBACK),
-        (5.0, DivergenceLevel.WARNING, RecoveryAction.FORCE_FULL),
-        (4.0, DivergenceLevel.CAUTION, RecoveryAction.SHORTEN_HORIZON),
-        (2.0, DivergenceLevel.NORMAL, RecoveryAction.CONTINUE),
-        (-10.0, DivergenceLevel.NORMAL, RecoveryAction.CONTINUE),  # a drop is fine
+        (10.0, DivergenceLevel.CRITICAL),
+        (6.5, DivergenceLevel.CRITICAL),
+        (5.0, DivergenceLevel.WARNING),
+        (4.0, DivergenceLevel.CAUTION),
+        (2.0, DivergenceLevel.NORMAL),
+        (-10.0, DivergenceLevel.NORMAL),  # a drop is fine
     ],
 )
-def test_loss_spike_levels(k: float, level: DivergenceLevel, action: RecoveryAction) -> None:
+def test_loss_spike_levels(k: float, level: DivergenceLevel) -> None:
     monitor = _warm(DivergenceMonitor(sigma=3.0))
     mean, std = monitor.loss_stats()
     report = monitor.check(mean + k * std)
     assert report.level == level
-    assert report.action == action
     assert report.signals["loss_z"] == pytest.approx(k)
     if level > DivergenceLevel.NORMAL:
         assert any(r.startswith(f"loss z-score {k:.1f} >") for r in report.reasons), report.reasons
@@ -104,7 +96,6 @@ def test_non_finite_loss_is_critical_at_step_zero(bad: float) -> None:
     monitor = DivergenceMonitor()
     report = monitor.check(bad)
     assert report.level == DivergenceLevel.CRITICAL
-    assert report.action == RecoveryAction.ROLLBACK
     assert "non-finite" in report.reasons[0]
     assert math.isnan(monitor.loss_stats()[0])  # not folded into the statistics
 
@@ -113,14 +104,12 @@ def test_non_finite_loss_is_critical_at_step_zero(bad: float) -> None:
 def test_non_finite_grad_is_critical_at_step_zero(bad: float) -> None:
     report = DivergenceMonitor().check(1.0, grad_norm=bad)
     assert report.level == DivergenceLevel.CRITICAL
-    assert report.action == RecoveryAction.ROLLBACK
     assert report.signals["grad_ratio"] == math.inf
 
 
-def test_non_finite_prediction_error_forces_full_steps() -> None:
+def test_non_finite_prediction_error_is_a_warning() -> None:
     report = DivergenceMonitor().check(1.0, prediction_error=math.nan)
     assert report.level == DivergenceLevel.WARNING
-    assert report.action == RecoveryAction.FORCE_FULL
 
 
 def test_only_non_finite_check_before_min_history() -> None:
@@ -155,7 +144,6 @@ def test_prediction_error_spike() -> None:
     monitor = _warm(DivergenceMonitor())
     report = monitor.check(1.0, prediction_error=1.0)
     assert report.level == DivergenceLevel.CRITICAL
-    assert report.action == RecoveryAction.ROLLBACK
     assert report.signals["prediction_error_z"] > 6.0
     assert report.reasons[0].startswith("prediction error z-score")
     assert "loss_z" in report.signals and "grad_ratio" not in report.signals
@@ -196,7 +184,7 @@ def test_loss_none_means_not_measured() -> None:
     monitor = _warm(DivergenceMonitor())
     stats = monitor.loss_stats()
     report = monitor.check(None)
-    assert report == DivergenceReport(DivergenceLevel.NORMAL, RecoveryAction.CONTINUE, {}, [])
+    assert report == DivergenceReport(DivergenceLevel.NORMAL, {}, [])
     report = monitor.check(None, grad_norm=2.1)
     assert report.level == DivergenceLevel.NORMAL
     assert set(report.signals) == {"grad_ratio"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,10 +13,10 @@ import torch
 from torch import nn
 
 from hf_hybrid.engine.divergence import DivergenceLevel, DivergenceMonitor
-from hf_hybrid.engine.engine import EngineConfig, HybridEngine, StepOutcome, StepPlan
+from hf_hybrid.engine.engine import EngineConfig, HybridEngine, StepOutcome, StepPlan, StepRecord
 from hf_hybrid.engine.guard import clip_to_trust_region
 from hf_hybrid.engine.phases import Phase, PhaseSchedule
-from hf_hybrid.engine.predictor import PREDICTORS, Deltas, EMAPredictor
+from hf_hybrid.engine.predictor import Deltas, EMAPredictor, register_predictor, unregister_predictor
 
 LR = 1e-2
 
@@ -128,7 +128,7 @@ class Loop:
             value: float | None = loss.item() if loss_override is None else loss_override
             if grad_norm_override is not None:
                 grad_norm = grad_norm_override
-            outcome = self.engine.finish_step(value, grad_norm, LR, self._optimizer_step)
+            outcome = self.engine.finish_step(StepRecord(value, grad_norm, LR), self._optimizer_step)
         else:
             value = None
             if plan.measure_loss:
@@ -138,7 +138,7 @@ class Loop:
                 value = loss_override
             expected = self._expected_predicted_delta()
             opt_state = _optimizer_state(self.opt)
-            outcome = self.engine.finish_step(value, None, LR, self._optimizer_step)
+            outcome = self.engine.finish_step(StepRecord(value, None, LR), self._optimizer_step)
         record = Record(plan, outcome, before, _clone(self.params), self.optimizer_calls - calls, expected)
         if opt_state is not None:
             record.optimizer_state_unchanged = _same_optimizer_state(opt_state, _optimizer_state(self.opt))
@@ -245,10 +245,10 @@ class TestFullRun:
         assert 0.0 <= metrics["confidence"] <= 1.0
         assert metrics["steps_predict"] == full_run.phases().count(Phase.PREDICT)
 
-    def test_last_theta_tracks_the_parameters(self, full_run: Loop) -> None:
+    def test_update_tracker_follows_the_parameters(self, full_run: Loop) -> None:
         engine = full_run.engine
         for name, p in full_run.params.items():
-            assert torch.equal(engine.last_theta[name], p.detach().float())
+            assert torch.equal(engine.updates.last[name], p.detach().float())
 
 
 class TestValidation:
@@ -259,10 +259,10 @@ class TestValidation:
     def test_finish_without_begin(self) -> None:
         loop = Loop(_config())
         with pytest.raises(RuntimeError, match="without begin_step"):
-            loop.engine.finish_step(1.0, 1.0, LR, loop._optimizer_step)
+            loop.engine.finish_step(StepRecord(1.0, 1.0, LR), loop._optimizer_step)
 
     def test_unknown_predictor(self) -> None:
-        with pytest.raises(ValueError, match="unknown predictor 'nope'"):
+        with pytest.raises(ValueError, match=r"`predictor` must be one of \['auto', 'adam', .*got 'nope'"):
             HybridEngine({"w": nn.Parameter(torch.ones(2))}, EngineConfig(predictor="nope"))
 
 
@@ -306,7 +306,7 @@ class TestInjectedLosses:
         assert loop.engine.stats()["rollbacks"] == rollbacks + 1
         assert not loop.engine.guard.has_snapshot
         for name, p in loop.params.items():
-            assert torch.equal(loop.engine.last_theta[name], p.detach().float())
+            assert torch.equal(loop.engine.updates.last[name], p.detach().float())
         loop.run(3)
         assert loop.phases(-3) == [Phase.FULL] * 3
         assert all(_finite(r.after) for r in loop.records)
@@ -342,7 +342,9 @@ class TestInjectedLosses:
         plan = loop.engine.begin_step()
         assert plan.phase is Phase.FULL
         calls = loop.optimizer_calls
-        outcome = loop.engine.finish_step(1.0, math.inf, LR, loop._optimizer_step, skip_nonfinite_step=False)
+        outcome = loop.engine.finish_step(
+            StepRecord(1.0, math.inf, LR), loop._optimizer_step, skip_nonfinite_step=False
+        )
         assert loop.optimizer_calls == calls + 1
         assert not outcome.applied_update
         assert outcome.level is DivergenceLevel.CRITICAL
@@ -363,7 +365,7 @@ class TestInjectedLosses:
         assert record.outcome.rolled_back
         assert loop.engine.stats()["rollbacks"] == 1
         assert not loop.engine.controller.in_predict_phase
-        assert loop.engine.phase_state == {}
+        assert loop.engine.phase is None
         loop.run(3)
         assert loop.phases(-3) == [Phase.FULL] * 3
         loop.run(30)
@@ -419,12 +421,16 @@ class _HugePredictor(EMAPredictor):
 
 
 @pytest.fixture
-def faulty_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    for cls in (_NaNPredictor, _RaisingPredictor, _HugePredictor):
-        monkeypatch.setitem(PREDICTORS, cls.name, cls)
+def faulty_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    classes = (_NaNPredictor, _RaisingPredictor, _HugePredictor)
+    for cls in classes:
+        register_predictor(cls.name, cls)
         if issubclass(cls, _FaultyPredictor):
             monkeypatch.setattr(cls, "armed", False)
             monkeypatch.setattr(cls, "resets", 0)
+    yield
+    for cls in classes:
+        unregister_predictor(cls.name)
 
 
 @pytest.mark.usefixtures("faulty_registry")
@@ -449,7 +455,7 @@ class TestFaultyPredictors:
         assert stats["predictor_errors"] == (1 if name == "test-raising" else 0)
         assert type(predictor).resets >= 1 and predictor.observed == 0
         assert not loop.engine.guard.has_snapshot  # the phase is closed, its snapshot freed
-        assert loop.engine.phase_state == {}
+        assert loop.engine.phase is None
         loop.run(3)
         assert loop.phases(-3) == [Phase.FULL] * 3
         # after the reset the predictor needs min_history real updates again before a new phase

@@ -31,7 +31,7 @@ def _schedule(**overrides: object) -> PhaseSchedule:
         "max_predict_steps": 8,
         "confidence_threshold": 0.5,
         "correction_interval": 0,
-        "min_history": 0,
+        "min_history": 1,
     }
     kwargs.update(overrides)
     return PhaseSchedule(**kwargs)  # type: ignore[arg-type]
@@ -53,7 +53,7 @@ class TestPhase:
 class TestPhaseSchedule:
     @pytest.mark.parametrize("name", ["warmup_steps", "full_steps", "correction_interval", "min_history"])
     def test_negative_budget_refused(self, name: str) -> None:
-        with pytest.raises(ValueError, match=f"`{name}` must be >= 0"):
+        with pytest.raises(ValueError, match=f"`{name}` must be an integer >= [01], got -1"):
             PhaseSchedule(**{name: -1})  # type: ignore[arg-type]
 
     @pytest.mark.parametrize(("lo", "hi"), [(0, 4), (5, 4)])

@@ -9,16 +9,17 @@ import pytest
 import torch
 
 from hf_hybrid.engine.predictor import (
-    PREDICTORS,
     DeltaPredictor,
     EMAPredictor,
     LowRankPredictor,
     NullPredictor,
+    available_predictors,
     build_predictor,
     cosine,
     delta_dot_products,
     register_predictor,
     resolve_predictor_name,
+    unregister_predictor,
 )
 
 SHAPES = {"layer.weight": (6, 5), "layer.bias": (6,)}
@@ -42,7 +43,7 @@ def _assert_same(a: Mapping[str, torch.Tensor] | None, b: Mapping[str, torch.Ten
 
 class TestRegistry:
     def test_builtins_registered(self) -> None:
-        assert {"null", "ema", "lowrank"} <= set(PREDICTORS)
+        assert available_predictors() == ["adam", "ema", "lowrank", "null"]
         assert isinstance(build_predictor("null"), NullPredictor)
         assert isinstance(build_predictor("ema", beta=0.5), EMAPredictor)
         assert build_predictor("lowrank", window=4, rank=1).window == 4
@@ -53,17 +54,57 @@ class TestRegistry:
         ):
             build_predictor("nope")
 
-    def test_register_custom(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        monkeypatch.setattr("hf_hybrid.engine.predictor.PREDICTORS", dict(PREDICTORS))
-
+    def test_register_custom(self) -> None:
         class Constant(NullPredictor):
-            name = "test-constant"
+            pass
 
-        assert register_predictor(Constant) is Constant
-        from hf_hybrid.engine import predictor as module
+        assert register_predictor("test-constant", Constant) is Constant
+        try:
+            assert Constant.name == "test-constant"
+            assert "test-constant" in available_predictors()
+            assert isinstance(build_predictor("test-constant"), Constant)
+            register_predictor("test-constant", Constant)  # the same class again is a no-op
+        finally:
+            unregister_predictor("test-constant")
+        assert "test-constant" not in available_predictors()
 
-        assert isinstance(module.build_predictor("test-constant"), Constant)
-        assert "test-constant" not in PREDICTORS  # the module's registry was swapped, not this one
+    @pytest.mark.parametrize("name", ["ema", "null", "adam", "lowrank"])
+    def test_shadowing_a_builtin_is_refused(self, name: str) -> None:
+        class Impostor(EMAPredictor):
+            pass
+
+        with pytest.raises(
+            ValueError, match=rf"'{name}' is already a registered built-in predictor.*override=True"
+        ):
+            register_predictor(name, Impostor)
+        assert build_predictor("ema").__class__ is EMAPredictor
+
+    def test_override_replaces_and_builtins_cannot_be_unregistered(self) -> None:
+        class Shadow(EMAPredictor):
+            pass
+
+        register_predictor("ema", Shadow, override=True)
+        try:
+            assert type(build_predictor("ema")) is Shadow
+        finally:
+            register_predictor("ema", EMAPredictor, override=True)
+        assert type(build_predictor("ema")) is EMAPredictor
+        with pytest.raises(ValueError, match="built-in"):
+            unregister_predictor("ema")
+
+    @pytest.mark.parametrize(
+        ("name", "cls", "error", "match"),
+        [
+            ("x", dict, TypeError, "needs a DeltaPredictor subclass"),
+            ("x", NullPredictor(), TypeError, "needs a DeltaPredictor subclass"),
+            ("auto", NullPredictor, ValueError, "other than 'auto'"),
+            ("", NullPredictor, ValueError, "non-empty"),
+            ("other-name", NullPredictor, ValueError, "NullPredictor.name is 'null'"),
+        ],
+    )
+    def test_bad_registrations_are_refused(self, name, cls, error, match) -> None:
+        with pytest.raises(error, match=match):
+            register_predictor(name, cls)
 
     def test_interface_is_abstract(self) -> None:
         with pytest.raises(TypeError):

@@ -30,7 +30,7 @@ from transformers import TrainerCallback
 
 from hf_hybrid import HybridHFTrainer
 from hf_hybrid.engine.phases import Phase
-from hf_hybrid.engine.predictor import PREDICTORS, EMAPredictor
+from hf_hybrid.engine.predictor import EMAPredictor, register_predictor
 
 # Frozen in every fault model, so "frozen weights never move" is checked in every test.
 FROZEN = ("transformer.wpe.weight", "transformer.ln_f.weight", "transformer.ln_f.bias")
@@ -221,14 +221,14 @@ class FaultyPredictor(EMAPredictor):
         super().reset()
 
 
-def fault_predictor(monkeypatch: pytest.MonkeyPatch, fault: Callable[..., Any]) -> type[FaultyPredictor]:
-    """A fresh FaultyPredictor subclass registered for this test only (`monkeypatch` removes it).
+def fault_predictor(fault: Callable[..., Any]) -> type[FaultyPredictor]:
+    """A fresh FaultyPredictor subclass registered for this test only (the suite's conftest removes it).
 
     Arm it once the trainer exists: `cls.trigger = Trigger(trainer, ...)`.
     """
     name = f"fault-{next(_names)}"
     cls = type(f"FaultyPredictor_{name}", (FaultyPredictor,), {"name": name, "fault": staticmethod(fault)})
-    monkeypatch.setitem(PREDICTORS, name, cls)
+    register_predictor(name, cls)
     return cls
 
 

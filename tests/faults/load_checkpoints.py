@@ -26,7 +26,7 @@ from transformers import GPT2LMHeadModel, TrainerCallback  # noqa: E402
 
 from hf_hybrid import HybridHFTrainer, HybridTrainingArguments  # noqa: E402
 from hf_hybrid.checkpoint import read_engine_entry  # noqa: E402
-from hf_hybrid.engine.predictor import PREDICTORS, EMAPredictor  # noqa: E402
+from hf_hybrid.engine.predictor import EMAPredictor, available_predictors, register_predictor  # noqa: E402
 
 
 class _StopAfterOne(TrainerCallback):
@@ -37,8 +37,8 @@ class _StopAfterOne(TrainerCallback):
 def _resume_one(folder: Path, frozen: list[str], workdir: str) -> None:
     saved = torch.load(folder / "training_args.bin", weights_only=False)
     predictor = getattr(saved, "hybrid_predictor", "ema")
-    if predictor not in PREDICTORS:  # a test's fault predictor: the EMA predictor under its name
-        PREDICTORS[predictor] = type(f"Loaded_{predictor}", (EMAPredictor,), {"name": predictor})
+    if predictor not in available_predictors():  # a test's fault predictor: the EMA predictor under its name
+        register_predictor(predictor, type(f"Loaded_{predictor}", (EMAPredictor,), {"name": predictor}))
     values = saved.to_dict()
     values.update(output_dir=workdir, save_strategy="no", report_to="none", logging_steps=1)
     args = HybridTrainingArguments(**values)

@@ -35,8 +35,8 @@ from helpers import EveryStep
 MIN_HISTORY = 4  # helpers.hybrid_args default: real updates needed before a predict phase
 
 
-def _run(tmp_path, invariants, monkeypatch, phase, fault, **overrides):
-    cls = fault_predictor(monkeypatch, fault)
+def _run(tmp_path, invariants, phase, fault, **overrides):
+    cls = fault_predictor(fault)
     trainer, trigger = faulted_trainer(tmp_path, invariants, phase, hybrid_predictor=cls.name, **overrides)
     cls.trigger = trigger
     watch = StepWatch(trainer, trigger)
@@ -54,9 +54,9 @@ def _real_steps_before_next_predict(trainer, step):
 
 @pytest.mark.parametrize("phase", ["full", "predict", "correct"])
 @pytest.mark.parametrize("fault", ["nan", "inf", "wrong_shape", "raises"])
-def test_unusable_prediction_resets_the_predictor(tmp_path, invariants, monkeypatch, fault, phase):
+def test_unusable_prediction_resets_the_predictor(tmp_path, invariants, fault, phase):
     trainer, trigger, watch, step, cls = _run(
-        tmp_path, invariants, monkeypatch, phase, PREDICTOR_FAULTS[fault]
+        tmp_path, invariants, phase, PREDICTOR_FAULTS[fault]
     )
     row = trainer.hybrid_timeline[step]
     record = watch.steps[step]
@@ -78,11 +78,10 @@ def test_unusable_prediction_resets_the_predictor(tmp_path, invariants, monkeypa
 
 
 @pytest.mark.parametrize("phase", ["full", "predict", "correct"])
-def test_enormous_prediction(tmp_path, invariants, monkeypatch, phase):
+def test_enormous_prediction(tmp_path, invariants, phase):
     trainer, trigger, watch, step, _ = _run(
         tmp_path,
         invariants,
-        monkeypatch,
         phase,
         PREDICTOR_FAULTS["enormous"],
         hybrid_confidence_threshold=0.05,
@@ -102,8 +101,8 @@ def test_enormous_prediction(tmp_path, invariants, monkeypatch, phase):
     assert_loss_recovered(trainer, trigger.firings[0])
 
 
-def test_a_predictor_is_never_consulted_in_warmup(tmp_path, invariants, monkeypatch):
-    cls = fault_predictor(monkeypatch, PREDICTOR_FAULTS["raises"])
+def test_a_predictor_is_never_consulted_in_warmup(tmp_path, invariants):
+    cls = fault_predictor(PREDICTOR_FAULTS["raises"])
     trainer, trigger = faulted_trainer(
         tmp_path, invariants, "warmup", hybrid_predictor=cls.name, max_steps=14
     )
@@ -116,15 +115,13 @@ def test_a_predictor_is_never_consulted_in_warmup(tmp_path, invariants, monkeypa
 
 
 @pytest.mark.parametrize("check_every", [1, 0], ids=["checked", "blind"])
-def test_confidently_wrong_predictor_is_rolled_back_every_time(
-    tmp_path, invariants, monkeypatch, check_every
-):
+def test_confidently_wrong_predictor_is_rolled_back_every_time(tmp_path, invariants, check_every):
     """From step 14 on, every predicted step is -50x the EMA guess, under a loose trust region
     (max_delta 1.0): the loss jumps during each predict phase (e.g. 3.8 -> 5.3). Checked predict steps
     catch it at once; blind ones only at the CORRECT step right after the phase (loss-regression test
     against the pre-phase forecast). At least 2/3 of the faulted phases must end in a rollback or a
     forced FULL, every rollback must be counted, and the horizon cap must shrink to its minimum."""
-    cls = fault_predictor(monkeypatch, confidently_wrong(-50.0))
+    cls = fault_predictor(confidently_wrong(-50.0))
     trainer, trigger = faulted_trainer(
         tmp_path,
         invariants,

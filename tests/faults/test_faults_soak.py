@@ -82,7 +82,7 @@ def _eval_loss(trainer) -> float:
 
 
 @pytest.mark.slow
-def test_soak_with_a_predictor_that_is_bad_at_random_steps(tmp_path, invariants, monkeypatch):
+def test_soak_with_a_predictor_that_is_bad_at_random_steps(tmp_path, invariants):
     plain_losses = []
     for seed in PLAIN_SEEDS:
         plain = plain_trainer(tmp_path / f"plain-{seed}", model=fault_model(seed), max_steps=STEPS, seed=seed)
@@ -90,7 +90,7 @@ def test_soak_with_a_predictor_that_is_bad_at_random_steps(tmp_path, invariants,
         plain_losses.append(_eval_loss(plain))
 
     clean_losses = []  # the same trainer and predictor, never faulted
-    clean_cls: type[FaultyPredictor] = fault_predictor(monkeypatch, lambda out, params: out)
+    clean_cls: type[FaultyPredictor] = fault_predictor(lambda out, params: out)
     for seed in (0, 1, 2):
         clean = hybrid_trainer(
             tmp_path / f"clean-{seed}",
@@ -104,7 +104,7 @@ def test_soak_with_a_predictor_that_is_bad_at_random_steps(tmp_path, invariants,
         clean.train()
         clean_losses.append(_eval_loss(clean))
 
-    cls: type[FaultyPredictor] = fault_predictor(monkeypatch, lambda out, params: out)
+    cls: type[FaultyPredictor] = fault_predictor(lambda out, params: out)
     trainer = hybrid_trainer(
         tmp_path / "hybrid",
         model=fault_model(0),

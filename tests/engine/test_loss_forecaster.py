@@ -1,4 +1,4 @@
-"""Tests for hf_hybrid.engine.dynamics: the online GRU loss forecaster and its honest self-scoring."""
+"""Tests for hf_hybrid.engine.loss_forecaster: the online GRU loss forecaster and its honest self-scoring."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from hf_hybrid.engine.dynamics import LossDynamics, LossForecast
+from hf_hybrid.engine.loss_forecaster import LossForecast, LossForecaster
 
 
 def _noise(n: int, seed: int) -> list[float]:
     return torch.randn(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).tolist()
 
 
-def _feed(model: LossDynamics, curve: Callable[[int], float], start: int, stop: int) -> None:
+def _feed(model: LossForecaster, curve: Callable[[int], float], start: int, stop: int) -> None:
     for t in range(start, stop):
         # A varying lr, grad norms, and a phase pattern with predicted steps that have no grad norm.
         phase = 0 if t < 10 else (2 if t % 4 == 3 else 1)
@@ -39,7 +39,7 @@ def _white_curve(seed: int = 3) -> Callable[[int], float]:
 
 
 def test_beats_baselines_on_noisy_exponential_decay() -> None:
-    model = LossDynamics(seed=0)
+    model = LossForecaster(seed=0)
     _feed(model, _decay_curve(), 0, 400)
     e = model.errors()
     # Measured: gru ~0.0032, last_value ~0.0039, ema ~0.0248 (untrained GRU: ~0.0040, fails).
@@ -53,7 +53,7 @@ def test_beats_baselines_on_noisy_exponential_decay() -> None:
 
 def test_beats_baselines_on_trend_last_value_cannot_see() -> None:
     curve = _linear_curve()
-    model = LossDynamics(seed=0)
+    model = LossForecaster(seed=0)
     _feed(model, curve, 0, 400)
     e = model.errors()
     # Measured: gru ~0.0021, last_value ~0.0043, ema ~0.040.
@@ -71,7 +71,7 @@ def test_beats_baselines_on_trend_last_value_cannot_see() -> None:
 
 
 def test_not_trusted_on_white_noise() -> None:
-    model = LossDynamics(seed=0)
+    model = LossForecaster(seed=0)
     _feed(model, _white_curve(), 0, 400)
     e = model.errors()
     # Measured: gru ~0.048, last_value ~0.053, ema ~0.040. The EMA is near-optimal on white noise.
@@ -84,7 +84,7 @@ def test_not_trusted_on_white_noise() -> None:
 
 
 def test_errors_counts_and_rejection() -> None:
-    model = LossDynamics(min_history=4)
+    model = LossForecaster(min_history=4)
     e = model.errors()
     assert e["scored_steps"] == 0 and math.isnan(e["gru_mae"])
     assert not model.trusted
@@ -108,7 +108,7 @@ def test_errors_counts_and_rejection() -> None:
 
 
 def test_errors_are_measured_not_assumed() -> None:
-    model = LossDynamics(min_history=2, train_iters=0)
+    model = LossForecaster(min_history=2, train_iters=0)
     model.observe(1.0, 1e-3, 1.0, 1)
     model.observe(2.0, 1e-3, 1.0, 1)  # forecasts for the next step: last_value 2.0, ema 1.1
     model.observe(4.0, 1e-3, 1.0, 1)
@@ -119,7 +119,7 @@ def test_errors_are_measured_not_assumed() -> None:
 
 
 def test_horizon_validation_and_forecast_shape() -> None:
-    model = LossDynamics()
+    model = LossForecaster()
     with pytest.raises(RuntimeError):
         model.forecast(1)
     model.observe(2.0, 1e-3, None, 0)
@@ -136,7 +136,7 @@ def test_horizon_validation_and_forecast_shape() -> None:
 
 @pytest.mark.parametrize("curve", [_decay_curve(), _white_curve(), lambda t: 1.5])
 def test_forecasts_finite_and_std_positive(curve: Callable[[int], float]) -> None:
-    model = LossDynamics(seed=1)
+    model = LossForecaster(seed=1)
     for t in range(0, 60, 6):
         _feed(model, curve, t, t + 6)
         for horizon in (1, 7):
@@ -147,7 +147,7 @@ def test_forecasts_finite_and_std_positive(curve: Callable[[int], float]) -> Non
 
 
 def test_gru_forecast_finite_on_constant_loss() -> None:
-    model = LossDynamics(min_history=2)
+    model = LossForecaster(min_history=2)
     for _ in range(30):
         model.observe(0.7, 0.0, 0.0, 0)  # lr 0 and grad norm 0 must not produce non-finite features
     model._err_acc = [0.0, 1.0, 1.0]  # force the GRU path to check its roll-out
@@ -160,7 +160,7 @@ def test_gru_forecast_finite_on_constant_loss() -> None:
 def test_global_rng_untouched() -> None:
     torch.manual_seed(123)
     before = torch.get_rng_state()
-    model = LossDynamics(seed=5)
+    model = LossForecaster(seed=5)
     _feed(model, _decay_curve(), 0, 40)
     model.forecast(5)
     model.load_state_dict(model.state_dict())
@@ -169,7 +169,7 @@ def test_global_rng_untouched() -> None:
 
 def test_grad_mode_preserved_and_works_under_no_grad() -> None:
     curve = _decay_curve()
-    a, b = LossDynamics(seed=0), LossDynamics(seed=0)
+    a, b = LossForecaster(seed=0), LossForecaster(seed=0)
     with torch.no_grad():
         _feed(a, curve, 0, 40)
         fa = a.forecast(3)
@@ -189,14 +189,14 @@ def test_grad_mode_preserved_and_works_under_no_grad() -> None:
 
 def test_state_dict_round_trip_continues_bit_identically() -> None:
     curve = _decay_curve(seed=4, sigma=0.01)
-    a = LossDynamics(seed=3)
+    a = LossForecaster(seed=3)
     _feed(a, curve, 0, 60)
     state = a.state_dict()
     for key, value in state.items():
         assert isinstance(value, (torch.Tensor, int, float, list, type(None))), key
         if isinstance(value, list):
             assert all(isinstance(x, (int, float)) for x in value), key
-    b = LossDynamics(seed=3)
+    b = LossForecaster(seed=3)
     _feed(b, _white_curve(), 0, 25)  # different history, to be overwritten
     b.load_state_dict(state)
     assert a.forecast(4) == b.forecast(4)
@@ -216,12 +216,12 @@ def test_state_dict_round_trip_continues_bit_identically() -> None:
         else:
             assert sa[key] == sb[key], key
     with pytest.raises(ValueError, match="hidden_size"):
-        LossDynamics(hidden_size=8).load_state_dict(sa)
+        LossForecaster(hidden_size=8).load_state_dict(sa)
 
 
 def test_deterministic_given_seed() -> None:
     curve = _decay_curve(seed=6, sigma=0.01)
-    a, b, c = LossDynamics(seed=11), LossDynamics(seed=11), LossDynamics(seed=12)
+    a, b, c = LossForecaster(seed=11), LossForecaster(seed=11), LossForecaster(seed=12)
     for m in (a, b, c):
         _feed(m, curve, 0, 50)
     assert a.forecast(5) == b.forecast(5)
@@ -230,7 +230,7 @@ def test_deterministic_given_seed() -> None:
 
 
 def test_nbytes_counts_weights_optimizer_and_history() -> None:
-    model = LossDynamics(hidden_size=16, window=32)
+    model = LossForecaster(hidden_size=16, window=32)
     n_params = sum(p.numel() for p in model._params)
     assert model.nbytes() == 4 * n_params
     _feed(model, _decay_curve(), 0, 50)
@@ -242,7 +242,7 @@ def test_nbytes_counts_weights_optimizer_and_history() -> None:
 def test_observe_cost() -> None:
     import time
 
-    model = LossDynamics()
+    model = LossForecaster()
     curve = _decay_curve()
     _feed(model, curve, 0, 40)
     start = time.perf_counter()
@@ -252,7 +252,7 @@ def test_observe_cost() -> None:
 
 
 def test_train_every_trains_only_on_every_nth_step() -> None:
-    dyn = LossDynamics(seed=0, train_every=4)
+    dyn = LossForecaster(seed=0, train_every=4)
     changed = []
     for t in range(12):
         before = [p.detach().clone() for p in dyn._params]
@@ -261,11 +261,11 @@ def test_train_every_trains_only_on_every_nth_step() -> None:
     # step t is the (t+1)-th accepted loss; training needs two feature rows, so t = 0 never trains
     assert changed == [t > 0 and (t + 1) % 4 == 0 for t in range(12)]
     with pytest.raises(ValueError, match="train_every"):
-        LossDynamics(train_every=0)
+        LossForecaster(train_every=0)
 
 
 def test_next_loss_is_the_one_step_forecast_without_a_rollout() -> None:
-    dyn = LossDynamics(seed=0)
+    dyn = LossForecaster(seed=0)
     assert dyn.next_loss() is None
     for t in range(300):
         dyn.observe(2.0 * math.exp(-t / 200) + 0.5, 1e-3, 1.0, 1)

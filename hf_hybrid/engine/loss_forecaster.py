@@ -1,9 +1,9 @@
-"""Online loss-trajectory model ("RSSM-lite"): a tiny GRU that forecasts the training loss.
+"""The loss forecaster ("RSSM-lite" in the seed): a tiny GRU that forecasts the training loss online.
 
 The model is trained online, one optimizer step at a time, on the recent loss history and forecasts the
 loss over the next ``horizon`` steps with a Gaussian predictive uncertainty. It keeps an honest score of
 its own one-step-ahead error against two naive baselines (last value, EMA of losses) measured on the same
-steps, and only calls itself :attr:`LossDynamics.trusted` when it beats both.
+steps, and only calls itself :attr:`LossForecaster.trusted` when it beats both.
 
 Design notes:
 
@@ -34,7 +34,7 @@ from torch import nn
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LossDynamics", "LossForecast"]
+__all__ = ["LossForecaster", "LossForecast"]
 
 _NUM_PHASES = 4  # 0: warmup, 1: full, 2: predict, 3: correct
 _INPUT_SIZE = 5 + _NUM_PHASES  # d, dev, lr_rel, gn_rel, gn_missing, phase one-hot
@@ -69,7 +69,7 @@ def _clip(x: float) -> float:
     return max(-_FEATURE_CLIP, min(_FEATURE_CLIP, x))
 
 
-class LossDynamics:
+class LossForecaster:
     """Online GRU forecaster of the training loss with honest self-scoring against naive baselines.
 
     Call :meth:`observe` once per optimizer step and :meth:`forecast` whenever a forecast is needed.
@@ -170,7 +170,7 @@ class LossDynamics:
         if not math.isfinite(loss):
             self._rejected += 1
             self._pending = None
-            logger.debug("LossDynamics: rejected non-finite loss %r", loss)
+            logger.debug("LossForecaster: rejected non-finite loss %r", loss)
             return
 
         if self._pending is not None:
@@ -286,7 +286,7 @@ class LossDynamics:
         if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
             raise ValueError(f"horizon must be an integer >= 1, got {horizon!r}")
         if self._count == 0:
-            raise RuntimeError("LossDynamics.forecast() needs at least one observed finite loss")
+            raise RuntimeError("LossForecaster.forecast() needs at least one observed finite loss")
         last = self._last_loss
         sqrt_k = [math.sqrt(k) for k in range(1, horizon + 1)]
         if self._count < self.min_history:

@@ -1,0 +1,80 @@
+"""The engine's configuration, validated where it is built.
+
+`EngineConfig` (and the `PhaseSchedule` inside it) refuse a bad value in `__post_init__` with a
+`ConfigError` that names the field, the value and what is allowed, so the engine is safe on its own in a
+plain PyTorch loop. `HybridTrainingArguments` takes its defaults from these classes and re-raises their
+errors under its own `hybrid_*` names (`ConfigError.message(rename)`), so nothing is validated twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .phases import PhaseSchedule
+from .validation import ConfigError, check_bool, check_choice, check_float, check_int
+
+SNAPSHOT_DEVICES = ("same", "cpu")
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine's decisions depend on (the phase budgets live in `schedule`).
+
+    `predictor` names a registered predictor (or `auto`); `predictor_kwargs` go to its constructor.
+    `probe_cost` is the forward units of one probe evaluation (0: no probe). While dormant the engine
+    observes the averaged real update every `dormant_every` FULL steps (1: every step, never dormant).
+    """
+
+    schedule: PhaseSchedule = field(default_factory=PhaseSchedule)
+    predictor: str = "ema"
+    predictor_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    check_every: int = 1
+    max_delta: float = 0.05
+    rollback: bool = True
+    divergence_sigma: float = 3.0
+    snapshot_device: str = "same"
+    seed: int = 0
+    use_bandit: bool = True
+    probe_cost: float = 0.0
+    dormant_every: int = 8
+
+    def __post_init__(self) -> None:
+        from .predictor import AUTO, available_predictors  # the registry is live: read it now
+
+        if not isinstance(self.schedule, PhaseSchedule):
+            raise ConfigError("schedule", self.schedule, "a PhaseSchedule")
+        check_choice("predictor", self.predictor, [AUTO, *available_predictors()])
+        if not isinstance(self.predictor_kwargs, Mapping) or not all(
+            isinstance(k, str) for k in self.predictor_kwargs
+        ):
+            raise ConfigError(
+                "predictor_kwargs", self.predictor_kwargs, "a mapping of argument names to values"
+            )
+        check_int("check_every", self.check_every, 0)
+        check_float("max_delta", self.max_delta, 0.0, 1.0, low_open=True)
+        check_bool("rollback", self.rollback)
+        check_float("divergence_sigma", self.divergence_sigma, 0.0, 1e6, low_open=True)
+        check_choice("snapshot_device", self.snapshot_device, SNAPSHOT_DEVICES)
+        check_int("seed", self.seed, 0, MAX_SEED)
+        check_bool("use_bandit", self.use_bandit)
+        check_float("probe_cost", self.probe_cost, 0.0, 1e6)
+        check_int("dormant_every", self.dormant_every, 1, 1_000_000)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """JSON-able form; what must match for a saved engine state to mean anything to this one."""
+        return {
+            **asdict(self),
+            "predictor_kwargs": dict(self.predictor_kwargs),
+            "schedule": self.schedule.fingerprint(),
+        }
+
+    def describe_mismatch(self, saved: Mapping[str, Any]) -> str | None:
+        """Why a state saved under `saved` (a fingerprint) cannot be used here; None if it can."""
+        now = self.fingerprint()
+        if dict(saved) == now:
+            return None
+        diff = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
+        return f"hybrid configuration differs from the checkpoint's (saved, now): {diff}"

@@ -1,0 +1,67 @@
+"""One recovery policy: from everything that went wrong in a step to the one action the engine performs.
+
+Every source of trouble — the divergence monitor's report, a predict phase that failed its validation,
+a predictor that raised, a predicted update the guard refused, a non-finite real step — becomes an
+`Alarm` (a level and a reason). `choose_action` maps the step's alarms to a single `RecoveryAction`;
+the engine performs exactly that action and logs exactly that action, so the log cannot disagree with
+what happened.
+
+    no alarm / NORMAL            -> CONTINUE
+    CAUTION                      -> SHORTEN_HORIZON (halve the rest of the phase and the horizon cap)
+    WARNING or CRITICAL          -> ROLLBACK when a predict phase is open, an alarm blames its weights,
+                                    a snapshot exists and rollback is enabled; FORCE_FULL otherwise.
+ROLLBACK restores the phase's snapshot and also forces FULL steps; FORCE_FULL ends an open phase as
+failed (without touching the weights) and trains FULL for the schedule's `full_steps`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
+
+from .divergence import DivergenceLevel, DivergenceReport
+
+
+class RecoveryAction(str, Enum):
+    """What the engine did about a step, in increasing severity."""
+
+    CONTINUE = "continue"
+    SHORTEN_HORIZON = "shorten_horizon"
+    FORCE_FULL = "force_full"
+    ROLLBACK = "rollback"
+
+
+@dataclass(frozen=True)
+class Alarm:
+    """One thing that went wrong. `blames_weights=False` for failures that say nothing about the
+    parameters (a predictor that crashed while only being scored): they never cause a rollback."""
+
+    level: DivergenceLevel
+    reason: str
+    blames_weights: bool = True
+
+
+def alarms_from_report(report: DivergenceReport) -> list[Alarm]:
+    """The monitor's verdict as alarms (one per reason, all at the report's level)."""
+    if report.level is DivergenceLevel.NORMAL:
+        return []
+    return [Alarm(report.level, reason) for reason in report.reasons]
+
+
+def worst_level(alarms: Iterable[Alarm]) -> DivergenceLevel:
+    return max((a.level for a in alarms), default=DivergenceLevel.NORMAL)
+
+
+def choose_action(alarms: Iterable[Alarm], *, phase_open: bool, can_roll_back: bool) -> RecoveryAction:
+    """The single rule table above. `can_roll_back`: rollback is enabled and a snapshot exists."""
+    alarms = list(alarms)
+    level = worst_level(alarms)
+    if level >= DivergenceLevel.WARNING:
+        blamed = any(a.blames_weights for a in alarms if a.level >= DivergenceLevel.WARNING)
+        return (
+            RecoveryAction.ROLLBACK if phase_open and blamed and can_roll_back else RecoveryAction.FORCE_FULL
+        )
+    if level is DivergenceLevel.CAUTION:
+        return RecoveryAction.SHORTEN_HORIZON
+    return RecoveryAction.CONTINUE
