@@ -1,7 +1,7 @@
 """hf_hybrid: predictive training for the Hugging Face Trainer.
 
-The public names are imported lazily, so `import hf_hybrid.engine` (plain PyTorch, reusable on its
-own) does not pull in transformers.
+The public names are imported lazily, so `from hf_hybrid import HybridEngine` (plain PyTorch, reusable on
+its own) does not pull in transformers.
 """
 
 from __future__ import annotations
@@ -12,16 +12,49 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "HybridArgumentsMixin": "hf_hybrid.args",
+    "HybridArgumentsMixin": "hf_hybrid.hybrid_arguments",
     "HybridTrainingArguments": "hf_hybrid.args",
     "HybridHFTrainer": "hf_hybrid.trainer",
     "Phase": "hf_hybrid.engine.phases",
+    "PhaseSchedule": "hf_hybrid.engine.phases",
+    "EngineConfig": "hf_hybrid.engine.config",
+    "HybridEngine": "hf_hybrid.engine.engine",
+    "StepRecord": "hf_hybrid.engine.engine",
+    "HybridOptimizer": "hf_hybrid.engine.optimizer",
+    "DeltaPredictor": "hf_hybrid.engine.predictor",
+    "register_predictor": "hf_hybrid.engine.predictor",
+    "unregister_predictor": "hf_hybrid.engine.predictor",
+    "available_predictors": "hf_hybrid.engine.predictor",
 }
-__all__ = ["HybridArgumentsMixin", "HybridHFTrainer", "HybridTrainingArguments", "Phase"]
+__all__ = [
+    "DeltaPredictor",
+    "EngineConfig",
+    "HybridArgumentsMixin",
+    "HybridEngine",
+    "HybridHFTrainer",
+    "HybridOptimizer",
+    "HybridTrainingArguments",
+    "Phase",
+    "PhaseSchedule",
+    "StepRecord",
+    "available_predictors",
+    "register_predictor",
+    "unregister_predictor",
+]
 
 if TYPE_CHECKING:
-    from .args import HybridArgumentsMixin, HybridTrainingArguments
-    from .engine.phases import Phase
+    from .args import HybridTrainingArguments
+    from .engine.config import EngineConfig
+    from .engine.engine import HybridEngine, StepRecord
+    from .engine.optimizer import HybridOptimizer
+    from .engine.phases import Phase, PhaseSchedule
+    from .engine.predictor import (
+        DeltaPredictor,
+        available_predictors,
+        register_predictor,
+        unregister_predictor,
+    )
+    from .hybrid_arguments import HybridArgumentsMixin
     from .trainer import HybridHFTrainer
 
 

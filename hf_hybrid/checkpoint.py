@@ -1,9 +1,14 @@
 """The hybrid state inside an HF checkpoint folder.
 
-Readable part: a JSON tree stored by `HybridStateCallback` in `trainer_state.json`
-(`stateful_callbacks`). Tensor part: `hybrid_state.safetensors` in the same folder, written to a
-temporary name and renamed, with its SHA-256 in the JSON so a truncated or altered file is refused
-instead of restoring garbage.
+Three pieces, each written to a temporary name and renamed:
+- `hybrid_state.safetensors`: the tensors (predictor buffers, the open phase's snapshot, the loss
+  forecaster's weights, the residual history);
+- `hybrid_state.json`: the readable rest (phase and budgets, counters, bandit and corrector statistics,
+  configuration and parameter fingerprints), with `"@tensor:<name>"` where a tensor went;
+- in `trainer_state.json` (`stateful_callbacks.HybridStateCallback`, via `HybridStateCallback`): a
+  small entry with the format version, the two file names, their SHA-256 and a few headline numbers,
+  so the JSON people open by hand stays small and a truncated or altered file is refused instead of
+  restoring garbage.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from .engine.state import FORMAT_VERSION, join_state, split_state
 logger = logging.getLogger(__name__)
 
 HYBRID_STATE_FILE = "hybrid_state.safetensors"
+HYBRID_STATE_JSON = "hybrid_state.json"
+_SUMMARY_KEYS = ("steps", "backward_skipped", "predict_phases", "rollbacks", "predictor")
 TRAINER_STATE_FILE = "trainer_state.json"  # written last by Trainer._save_checkpoint
 _CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
 HYBRID_TIMELINE_FILE = "hybrid_timeline.json"
@@ -44,39 +51,57 @@ class HybridStateCallback(TrainerCallback, ExportableState):
         return {"args": {}, "attributes": {"engine_state": self.engine_state}}
 
 
-def save_engine_state(state: dict[str, Any], folder: str | os.PathLike, write_files: bool) -> dict[str, Any]:
-    """Write the tensors (when `write_files`, i.e. on the saving rank); return the JSON entry."""
+def save_engine_state(
+    state: dict[str, Any], folder: str | os.PathLike, write_files: bool, summary: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Write the tensor file and the readable JSON (when `write_files`, i.e. on the saving rank); return
+    the small entry for `trainer_state.json` (with `summary`'s headline numbers, for people)."""
     tree, tensors = split_state(state)
-    path = Path(folder) / HYBRID_STATE_FILE
-    contiguous = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
+    folder = Path(folder)
+    digests: dict[str, str | None] = {"tensors": None, "state": None}
     if write_files:
-        tmp = path.with_suffix(".tmp")
+        contiguous = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
+        tmp = folder / (HYBRID_STATE_FILE + ".tmp")
         save_file(contiguous, str(tmp), metadata={"format": "pt", "hf_hybrid_format": str(FORMAT_VERSION)})
-        digest = _sha256(tmp)
-        os.replace(tmp, path)
-    else:
-        digest = None
+        digests["tensors"] = _sha256(tmp)
+        os.replace(tmp, folder / HYBRID_STATE_FILE)
+        digests["state"] = _write_atomically(folder / HYBRID_STATE_JSON, json.dumps(tree, indent=1))
     return {
         "format_version": FORMAT_VERSION,
         "tensor_file": HYBRID_STATE_FILE,
-        "sha256": digest,
-        "state": tree,
+        "state_file": HYBRID_STATE_JSON,
+        "sha256": digests,
+        "summary": {key: (summary or {}).get(key) for key in _SUMMARY_KEYS},
     }
 
 
-def load_engine_state(entry: dict[str, Any], folder: str | os.PathLike) -> dict[str, Any]:
-    """Rebuild the engine state from the JSON entry and the tensor file, or raise HybridCheckpointError."""
+def read_engine_tree(entry: dict[str, Any], folder: str | os.PathLike) -> dict[str, Any]:
+    """The readable engine state (tensors still as references), checked against the entry's checksum."""
     hint = "set `hybrid_restart_engine=True` to resume with a fresh engine instead"
-    version = entry.get("format_version")
-    if version != FORMAT_VERSION:
-        raise HybridCheckpointError(
-            f"{folder}: hybrid state format {version!r} is not supported (this hf_hybrid reads "
-            f"{FORMAT_VERSION}); upgrade hf_hybrid or {hint}"
-        )
+    _check_version(entry, folder, hint)
+    path = Path(folder) / entry.get("state_file", HYBRID_STATE_JSON)
+    if not path.is_file():
+        raise HybridCheckpointError(f"{path} is missing but trainer_state.json has a hybrid state; {hint}")
+    expected = (entry.get("sha256") or {}).get("state")
+    if expected is not None and _sha256(path) != expected:
+        raise HybridCheckpointError(f"{path} is corrupt or truncated (checksum mismatch); {hint}")
+    try:
+        tree = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise HybridCheckpointError(f"{path} cannot be read ({exc}); {hint}") from exc
+    if not isinstance(tree, dict):
+        raise HybridCheckpointError(f"{path} does not hold an engine state; {hint}")
+    return tree
+
+
+def load_engine_state(entry: dict[str, Any], folder: str | os.PathLike) -> dict[str, Any]:
+    """Rebuild the engine state from the checkpoint's files, or raise HybridCheckpointError."""
+    hint = "set `hybrid_restart_engine=True` to resume with a fresh engine instead"
+    tree = read_engine_tree(entry, folder)
     path = Path(folder) / entry.get("tensor_file", HYBRID_STATE_FILE)
     if not path.is_file():
         raise HybridCheckpointError(f"{path} is missing but trainer_state.json has a hybrid state; {hint}")
-    expected = entry.get("sha256")
+    expected = (entry.get("sha256") or {}).get("tensors")
     if expected is not None and _sha256(path) != expected:
         raise HybridCheckpointError(f"{path} is corrupt or truncated (checksum mismatch); {hint}")
     try:
@@ -84,18 +109,31 @@ def load_engine_state(entry: dict[str, Any], folder: str | os.PathLike) -> dict[
     except Exception as exc:  # safetensors raises several types for damaged files
         raise HybridCheckpointError(f"{path} cannot be read ({exc}); {hint}") from exc
     try:
-        return join_state(entry["state"], tensors)
+        return join_state(tree, tensors)
     except (KeyError, TypeError) as exc:
+        raise HybridCheckpointError(f"{folder}: the hybrid state is damaged ({exc}); {hint}") from exc
+
+
+def _check_version(entry: dict[str, Any], folder: str | os.PathLike, hint: str) -> None:
+    version = entry.get("format_version")
+    if version != FORMAT_VERSION:
         raise HybridCheckpointError(
-            f"{folder}: the hybrid state in trainer_state.json is damaged ({exc}); {hint}"
-        ) from exc
+            f"{folder}: hybrid state format {version!r} is not supported (this hf_hybrid reads "
+            f"{FORMAT_VERSION}); upgrade hf_hybrid or {hint}"
+        )
+
+
+def _write_atomically(path: Path, text: str) -> str:
+    """Write `text` to `path` through a temporary file; returns its SHA-256."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    digest = _sha256(tmp)
+    os.replace(tmp, path)
+    return digest
 
 
 def save_timeline(timeline: list[dict[str, Any]], folder: str | os.PathLike) -> None:
-    path = Path(folder) / HYBRID_TIMELINE_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(timeline))
-    os.replace(tmp, path)
+    _write_atomically(Path(folder) / HYBRID_TIMELINE_FILE, json.dumps(timeline))
 
 
 def load_timeline(folder: str | os.PathLike) -> list[dict[str, Any]]:
@@ -135,7 +173,10 @@ def _is_complete(folder: Path) -> bool:
         entry = read_engine_entry(folder)
     except (OSError, json.JSONDecodeError):
         return False
-    return entry is None or (folder / entry.get("tensor_file", HYBRID_STATE_FILE)).is_file()
+    if entry is None:
+        return True
+    files = (entry.get("tensor_file", HYBRID_STATE_FILE), entry.get("state_file", HYBRID_STATE_JSON))
+    return all((folder / name).is_file() for name in files)
 
 
 def read_engine_entry(folder: str | os.PathLike) -> dict[str, Any] | None:

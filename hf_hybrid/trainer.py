@@ -1,11 +1,17 @@
 """HybridHFTrainer: the only module that knows `transformers.Trainer` internals.
 
-It does not copy the training loop. It hooks in at four places (see shared notes on 5.x):
-`_prepare_for_training` (build the engine once the model and optimizer are prepared, wrap
-`optimizer.step`), `training_step` (full step, forward-only step or no forward, by phase),
-`_clip_grad_norm`/`_get_grad_norm` (skipped in predicted steps, whose gradients do not exist) and the
-wrapped `optimizer.step` (where the engine applies the real or the predicted update). The learning
-rate schedule keeps advancing in every phase because the loop calls `lr_scheduler.step()` as usual.
+It does not copy the training loop; it hooks in where the loop already calls out (see the shared notes
+on 5.x):
+
+- `_prepare_for_training`: once the model and optimizer are prepared, build the engine and put a
+  `HybridOptimizer` in place of `self.optimizer`, so the loop's own `self.optimizer.step()` is where the
+  engine applies the real step or the predicted update;
+- `training_step`: on the first micro-batch of an optimizer step the engine decides the phase; then a full
+  step, a forward-only step, or no forward at all;
+- `_clip_grad_norm` / `_get_grad_norm`: skipped in predicted steps (no gradients exist; clipping would
+  also break a fp16 GradScaler); in real steps the gradient norm goes into the step's record;
+- `_save_optimizer_and_scheduler` / `_load_optimizer_and_scheduler`: the hybrid state in the checkpoint.
+The learning-rate schedule keeps advancing in every phase because the loop calls `lr_scheduler.step()`.
 """
 
 from __future__ import annotations
@@ -29,11 +35,15 @@ from .checkpoint import (
     load_engine_state,
     load_timeline,
     read_engine_entry,
+    read_engine_tree,
     save_engine_state,
     save_timeline,
 )
-from .engine.engine import EngineConfig, HybridEngine, StepOutcome, StepPlan, describe_mismatch
+from .engine.config import EngineConfig
+from .engine.engine import HybridEngine, StepOutcome, StepPlan, StepRecord, describe_mismatch
+from .engine.optimizer import HybridOptimizer
 from .engine.phases import Phase
+from .engine.predictor import DeltaPredictor
 from .model_card import add_hybrid_section, card_context, render_section
 from .telemetry import TIMELINE_PLOT_FILE, log_image_to_wandb, plot_timeline, progress_postfix
 
@@ -43,9 +53,10 @@ logger = logging.getLogger(__name__)
 class HybridHFTrainer(Trainer):
     """`transformers.Trainer` whose optimizer steps go through the hybrid phase machine.
 
-    Takes everything `Trainer` takes, plus `peft_config` (wraps the model with peft, as TRL does).
-    A plain `TrainingArguments` is upcast with the hybrid defaults; `hybrid_enabled=False` is the
-    plain Trainer.
+    Takes everything `Trainer` takes, plus `peft_config` (wraps the model with peft, as TRL does),
+    `predictor` (a `DeltaPredictor` instance, instead of the one `hybrid_predictor` names) and
+    `engine_config` (replaces the one built from the `hybrid_*` arguments). A plain `TrainingArguments`
+    is upcast with the hybrid defaults; `hybrid_enabled=False` is the plain Trainer.
     """
 
     def __init__(
@@ -55,27 +66,29 @@ class HybridHFTrainer(Trainer):
         *more: Any,
         peft_config: Any = None,
         engine_config: EngineConfig | None = None,
+        predictor: DeltaPredictor | None = None,
         **kwargs: Any,
     ) -> None:
-        """`engine_config` replaces the one built from the `hybrid_*` arguments (predictor options, or
-        the benchmark's replayed phase script)."""
         args = upcast_training_args(args)
+        if predictor is not None and not isinstance(predictor, DeltaPredictor):
+            raise TypeError(
+                f"`predictor` must be a hf_hybrid.DeltaPredictor instance, got {type(predictor).__qualname__}"
+            )
         self._engine_config = engine_config
+        self._predictor = predictor
         if peft_config is not None:
             model = _wrap_with_peft(model, peft_config)
         super().__init__(model, args, *more, **kwargs)
         self.engine: HybridEngine | None = None
         self.hybrid_timeline: list[dict[str, Any]] = []
-        self._plan: StepPlan | None = None
-        self._planned_step = -1
         self._window_losses: list[torch.Tensor] = []
-        self._last_grad_norm: float | None = None
-        self._real_optimizer_step: Any = None
+        self._grad_norm: float | None = None
         self._resume_checkpoint: str | None = None
         self._step_started = 0.0
+        self._state_callback = HybridStateCallback()
         if self.hybrid_args.hybrid_enabled:
-            self.add_callback(_PhaseProgressCallback(self))
-            self.add_callback(HybridStateCallback())
+            self.add_callback(_HybridStepCallback(self))
+            self.add_callback(self._state_callback)
 
     @property
     def engine_config(self) -> EngineConfig:
@@ -85,7 +98,7 @@ class HybridHFTrainer(Trainer):
     def hybrid_args(self) -> HybridArgumentsMixin:
         return self.args  # type: ignore[return-value]
 
-    # ---- set-up and tear-down around the (unchanged) loop ---------------------------------------
+    # ---- set-up around the (unchanged) loop -----------------------------------------------------
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
         """`resume_from_checkpoint=True` takes the newest checkpoint whose save finished."""
@@ -102,12 +115,12 @@ class HybridHFTrainer(Trainer):
         entry = read_engine_entry(checkpoint)
         if entry is None or self.hybrid_args.hybrid_restart_engine:
             return
-        state = entry.get("state") or {}
+        state = read_engine_tree(entry, checkpoint)
         params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         try:
             problem = describe_mismatch(state["config"], state["parameters"], self.engine_config, params)
         except (KeyError, TypeError) as exc:
-            problem = f"its hybrid state in trainer_state.json is damaged ({exc!r})"
+            problem = f"its hybrid state is damaged ({exc!r})"
         if problem:
             raise HybridCheckpointError(
                 f"cannot resume the hybrid engine from {checkpoint}: {problem}. Resume with the same hybrid "
@@ -115,18 +128,16 @@ class HybridHFTrainer(Trainer):
             )
 
     def _inner_training_loop(self, *args: Any, **kwargs: Any) -> Any:
-        """Thin wrapper: whatever happens, the optimizer gets its own `step` back; after a finished run,
-        the phase-timeline plot."""
-        try:
-            result = super()._inner_training_loop(*args, **kwargs)
-        finally:
-            self._unwrap_optimizer_step()
+        """Thin wrapper: after a finished run, the phase-timeline plot."""
+        result = super()._inner_training_loop(*args, **kwargs)
         self._publish_timeline_plot()
         return result
 
     def _prepare_for_training(
         self, max_steps: int, train_dataloader: Any, resume_from_checkpoint: Any
     ) -> Any:
+        if isinstance(self.optimizer, HybridOptimizer):  # a second train() call: prepare the real one
+            self.optimizer = self.optimizer.optimizer
         model, train_dataloader = super()._prepare_for_training(
             max_steps, train_dataloader, resume_from_checkpoint
         )
@@ -186,21 +197,20 @@ class HybridHFTrainer(Trainer):
                 "unfreeze some parameters or pass a peft_config"
             )
         probe = self._build_probe() if self.hybrid_args.hybrid_probe_batches else None
-        self.engine = HybridEngine(params, self.engine_config, optimizer=self.optimizer, probe=probe)
+        self.engine = HybridEngine(
+            params, self.engine_config, optimizer=self.optimizer, probe=probe, predictor=self._predictor
+        )
         self.hybrid_timeline = []
-        self._planned_step = -1
-        self._plan = None
         if self._resume_checkpoint is not None:
             self._restore_engine(self._resume_checkpoint)
             self._resume_checkpoint = None
-        self._real_optimizer_step = self.optimizer.step
-
-        def step(*args: Any, **kwargs: Any) -> None:
-            self._hybrid_optimizer_step(*args, **kwargs)
-
-        # The real step below is still the LR scheduler's wrapper; tell the scheduler so.
-        step._wrapped_by_lr_sched = True  # type: ignore[attr-defined]
-        self.optimizer.step = step  # runs exactly where the real step would
+        self.optimizer = HybridOptimizer(
+            self.optimizer,
+            self.engine,
+            record=self._step_record,
+            skip_nonfinite_step=self.accelerator.scaler is None,
+        )
+        self.callback_handler.optimizer = self.optimizer
 
     def _build_probe(self) -> Callable[[], float]:
         """Mean loss of fixed training examples (eval mode, no_grad), averaged over ranks.
@@ -242,11 +252,6 @@ class HybridHFTrainer(Trainer):
 
         return probe
 
-    def _unwrap_optimizer_step(self) -> None:
-        if self._real_optimizer_step is not None and self.optimizer is not None:
-            self.optimizer.step = self._real_optimizer_step
-        self._real_optimizer_step = None
-
     # ---- one micro-batch ------------------------------------------------------------------------
 
     def training_step(
@@ -254,7 +259,7 @@ class HybridHFTrainer(Trainer):
     ) -> torch.Tensor:
         if self.engine is None:
             return super().training_step(model, inputs, num_items_in_batch)
-        plan = self._current_plan()
+        plan = self._step_plan()
         if plan.phase.runs_backward:
             loss = super().training_step(model, inputs, num_items_in_batch)
         elif plan.measure_loss:
@@ -264,23 +269,28 @@ class HybridHFTrainer(Trainer):
         self._window_losses.append(loss)
         return loss
 
-    def _current_plan(self) -> StepPlan:
-        """The phase is decided once per optimizer step, on its first micro-batch, on every rank."""
-        if self._planned_step != self.state.global_step or self._plan is None:
-            self._plan = self.engine.begin_step()
-            self._planned_step = self.state.global_step
-            self._step_started = time.perf_counter()
+    def _step_plan(self) -> StepPlan:
+        """The phase is decided once per optimizer step, on its first micro-batch, on every rank: the
+        engine holds the plan from `begin_step` until the optimizer step finishes it."""
+        if self.engine.plan is None:
             self._window_losses = []
-        return self._plan
+            self._grad_norm = None
+            self._step_started = time.perf_counter()
+            return self.engine.begin_step()
+        return self.engine.plan
 
     def _forward_only_step(
         self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None
     ) -> torch.Tensor:
-        """The forward half of `Trainer.training_step`, under no_grad, with the same loss scaling."""
-        model.train()
-        inputs = self._prepare_inputs(inputs)
-        with torch.no_grad(), self.compute_loss_context_manager():
-            loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        """`Trainer.training_step` without the backward: the same context-parallel set-up, train modes
+        and loss scaling (so the logged loss is comparable across phases), under no_grad."""
+        cp_context, inputs = self._prepare_context_parallel_inputs(model, inputs)
+        with cp_context():
+            model.train()
+            self.optimizer.train()
+            inputs = self._prepare_inputs(inputs)
+            with torch.no_grad(), self.compute_loss_context_manager():
+                loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         if self.args.n_gpu > 1:
             loss = loss.mean()
         if not self._loss_is_scaled_for_ga(num_items_in_batch):
@@ -309,39 +319,31 @@ class HybridHFTrainer(Trainer):
 
     def _get_grad_norm(self, model: nn.Module, grad_norm: Any = None) -> Any:
         if self._in_predicted_step():
-            self._last_grad_norm = None
             return None
         grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
-        self._last_grad_norm = None if grad_norm is None else float(grad_norm)
+        self._grad_norm = None if grad_norm is None else float(grad_norm)
         return grad_norm
 
     def _in_predicted_step(self) -> bool:
-        return self.engine is not None and self._plan is not None and not self._plan.phase.runs_backward
-
-    def _hybrid_optimizer_step(self, *args: Any, **kwargs: Any) -> None:
-        plan = self._plan
-        loss = self._reduced_window_loss()
-        outcome = self.engine.finish_step(
-            loss,
-            self._last_grad_norm if plan.phase.runs_backward else None,
-            self._get_learning_rate(),
-            lambda: self._real_optimizer_step(*args, **kwargs),
-            skip_nonfinite_step=self.accelerator.scaler is None,
+        return (
+            self.engine is not None
+            and self.engine.plan is not None
+            and not self.engine.plan.phase.runs_backward
         )
-        self._record(outcome)
-        self._plan = None
 
-    def _reduced_window_loss(self) -> float | None:
-        """Loss of this optimizer step, averaged over ranks so every rank feeds the engine the same value."""
-        if not self._window_losses:
-            return None
-        loss = torch.stack(self._window_losses).sum()
-        self._window_losses = []
-        if self.accelerator.num_processes > 1:
-            loss = self.accelerator.reduce(loss, reduction="mean")
-        return float(loss)
+    def _step_record(self) -> StepRecord:
+        """What this optimizer step measured, for the engine: the loss averaged over ranks (so every rank
+        feeds the engine the same value), the gradient norm, the learning rate."""
+        loss = None
+        if self._window_losses:
+            total = torch.stack(self._window_losses).sum()
+            if self.accelerator.num_processes > 1:
+                total = self.accelerator.reduce(total, reduction="mean")
+            loss = float(total)
+        return StepRecord(loss, self._grad_norm, self._get_learning_rate())
 
-    def _record(self, outcome: StepOutcome) -> None:
+    def _record_outcome(self, outcome: StepOutcome) -> None:
+        """One timeline row per optimizer step (the plot, the model card and resume read it)."""
         self.hybrid_timeline.append(
             {
                 "step": self.state.global_step + 1,
@@ -350,6 +352,7 @@ class HybridHFTrainer(Trainer):
                 "predicted_loss": self.engine.last_predicted_loss,
                 "rolled_back": outcome.rolled_back,
                 "level": int(outcome.level),
+                "action": outcome.action.value,
                 "seconds": time.perf_counter() - self._step_started,
             }
         )
@@ -361,8 +364,13 @@ class HybridHFTrainer(Trainer):
         super()._save_optimizer_and_scheduler(output_dir)
         if self.engine is None:
             return
-        entry = save_engine_state(self.engine.state_dict(), output_dir, write_files=self.args.should_save)
-        self._state_callback().engine_state = entry
+        entry = save_engine_state(
+            self.engine.state_dict(),
+            output_dir,
+            write_files=self.args.should_save,
+            summary=self.engine.stats(),
+        )
+        self._hybrid_state_callback().engine_state = entry
         if self.args.should_save:
             save_timeline(self.hybrid_timeline, output_dir)
 
@@ -392,13 +400,13 @@ class HybridHFTrainer(Trainer):
             ) from exc
         self.hybrid_timeline = load_timeline(checkpoint)
 
-    def _state_callback(self) -> HybridStateCallback:
-        for callback in self.callback_handler.callbacks:
-            if isinstance(callback, HybridStateCallback):
-                return callback
-        callback = HybridStateCallback()
-        self.add_callback(callback)
-        return callback
+    def _hybrid_state_callback(self) -> HybridStateCallback:
+        """The callback whose state `trainer_state.json` carries. HF re-creates stateful callbacks when
+        `restore_callback_states_from_checkpoint` is set; re-register ours so exactly one is saved."""
+        if self._state_callback not in self.callback_handler.callbacks:
+            self.callback_handler.pop_callback(HybridStateCallback)
+            self.add_callback(self._state_callback)
+        return self._state_callback
 
     # ---- what users see -------------------------------------------------------------------------
 
@@ -408,9 +416,9 @@ class HybridHFTrainer(Trainer):
 
         No per-rank reduction is needed here: every metric is computed by the engine from quantities that
         are already identical on every rank — the step loss is averaged over ranks before the engine sees
-        it (`_reduced_window_loss`), the gradient norm is of the synchronised gradients, the parameters
-        and so the updates and residuals are replicated, and counters follow the phase decisions, which
-        every rank takes identically.
+        it (`_step_record`), the gradient norm is of the synchronised gradients, the parameters and so the
+        updates and residuals are replicated, and counters follow the phase decisions, which every rank
+        takes identically.
         """
         if self.engine is not None and "loss" in logs:
             logs.update({f"hybrid/{key}": value for key, value in self.engine.metrics().items()})
@@ -450,11 +458,16 @@ class HybridHFTrainer(Trainer):
                 log_image_to_wandb(wandb, path, self.state.global_step)
 
 
-class _PhaseProgressCallback(TrainerCallback):
-    """Shows the phase and the share of skipped backward passes on the tqdm bar users already watch."""
+class _HybridStepCallback(TrainerCallback):
+    """After each optimizer step: the timeline row, and the phase and skipped share on the tqdm bar."""
 
     def __init__(self, trainer: HybridHFTrainer) -> None:
         self.trainer = trainer
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        optimizer = self.trainer.optimizer
+        if self.trainer.engine is not None and isinstance(optimizer, HybridOptimizer):
+            self.trainer._record_outcome(optimizer.last_outcome)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         engine = self.trainer.engine

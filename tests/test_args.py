@@ -9,7 +9,15 @@ import pytest
 from transformers import HfArgumentParser, TrainingArguments
 
 from hf_hybrid import HybridArgumentsMixin, HybridHFTrainer, HybridTrainingArguments
-from hf_hybrid.engine.predictor import PREDICTORS
+from hf_hybrid.engine.config import EngineConfig
+from hf_hybrid.engine.phases import PhaseSchedule
+from hf_hybrid.engine.predictor import (
+    EMAPredictor,
+    available_predictors,
+    register_predictor,
+    unregister_predictor,
+)
+from hf_hybrid.hybrid_arguments import engine_target
 
 BAD_VALUES = [
     ("hybrid_warmup_steps", -1, r"integer >= 0"),
@@ -33,6 +41,9 @@ BAD_VALUES = [
     ("hybrid_probe_batches", -1, r"integer in \[0, 1024\]"),
     ("hybrid_enabled", 1, r"True or False"),
     ("hybrid_restart_engine", "no", r"True or False"),
+    ("hybrid_dormant_every", 0, r"integer in \[1, 1000000\]"),
+    ("hybrid_predictor_kwargs", "[1, 2]", r"a JSON object"),
+    ("hybrid_predictor_kwargs", "{beta: 1}", r"a JSON object \(Expecting property name"),
 ]
 
 
@@ -47,6 +58,23 @@ def test_each_bad_field_is_refused_naming_field_value_and_range(tmp_path, field,
 def test_every_hybrid_field_has_a_validation_case():
     hybrid_fields = {f.name for f in dataclasses.fields(HybridArgumentsMixin)}
     assert hybrid_fields == {field for field, _, _ in BAD_VALUES} | {"hybrid_use_bandit"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"hybrid_min_predict_steps": 8, "hybrid_max_predict_steps": 4},
+         r"^`hybrid_max_predict_steps` must be an integer in \[8, 1024\] "
+         r"\(at least `hybrid_min_predict_steps`\), got 4$"),
+        ({"hybrid_predictor_kwargs": {"beta": [1]}, "hybrid_predictor": "null"}, None),
+    ],
+)  # fmt: skip
+def test_messages_name_every_field_involved(tmp_path, overrides, message):
+    if message is None:  # a mapping is accepted as it is (the predictor checks its own arguments)
+        HybridTrainingArguments(output_dir=str(tmp_path), report_to="none", **overrides)
+        return
+    with pytest.raises(ValueError, match=message):
+        HybridTrainingArguments(output_dir=str(tmp_path), report_to="none", **overrides)
 
 
 def test_bad_field_fails_before_any_model_is_touched(tmp_path):
@@ -81,12 +109,59 @@ def test_hf_argument_parser_reads_every_field(tmp_path):
     assert args.hybrid_enabled is False
 
 
-def test_parser_rejects_a_predictor_outside_the_registry(tmp_path, capsys):
+def test_parser_rejects_a_predictor_outside_the_registry(tmp_path):
     parser = HfArgumentParser(HybridTrainingArguments)
-    with pytest.raises(SystemExit):
+    with pytest.raises(
+        ValueError, match=r"`hybrid_predictor` must be one of \['auto', 'adam', .*got 'magic'"
+    ):
         parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path), "--hybrid_predictor", "magic"])
-    assert "invalid choice" in capsys.readouterr().err
-    assert sorted(PREDICTORS) == ["adam", "ema", "lowrank", "null"]
+    assert available_predictors() == ["adam", "ema", "lowrank", "null"]
+
+
+class _DampedEMA(EMAPredictor):
+    """A user's predictor, registered after hf_hybrid was imported."""
+
+
+def test_a_predictor_registered_after_import_is_parsed_and_used(tmp_path):
+    from helpers import hybrid_trainer
+
+    register_predictor("user-damped-ema", _DampedEMA)
+    try:
+        parser = HfArgumentParser(HybridTrainingArguments)
+        (args,) = parser.parse_args_into_dataclasses(
+            ["--output_dir", str(tmp_path), "--hybrid_predictor", "user-damped-ema",
+             "--hybrid_predictor_kwargs", '{"beta": 0.5, "decay": 0.8}', "--hybrid_dormant_every", "4"]
+        )  # fmt: skip
+        assert args.hybrid_predictor_kwargs == {"beta": 0.5, "decay": 0.8}
+        assert args.engine_config().dormant_every == 4
+        trainer = hybrid_trainer(
+            tmp_path,
+            max_steps=20,
+            hybrid_predictor="user-damped-ema",
+            hybrid_predictor_kwargs='{"beta": 0.5}',
+        )
+        trainer.train()
+    finally:
+        unregister_predictor("user-damped-ema")
+    assert type(trainer.engine.predictor) is _DampedEMA and trainer.engine.predictor.beta == 0.5
+    assert trainer.hybrid_stats()["predictor"] == "user-damped-ema"
+    assert trainer.hybrid_stats()["steps_per_phase"]["predict"] > 0
+
+
+def test_every_hybrid_default_is_the_engine_default():
+    """Defaults are written once, in EngineConfig/PhaseSchedule; the arguments read them from there."""
+    engine, schedule = EngineConfig(), PhaseSchedule()
+    mapped = {f.name for f in dataclasses.fields(HybridArgumentsMixin) if engine_target(f.name)}
+    assert {f.name for f in dataclasses.fields(HybridArgumentsMixin)} - mapped == {
+        "hybrid_enabled", "hybrid_probe_batches", "hybrid_restart_engine"
+    }  # fmt: skip
+    engine_knobs = {f.name for f in dataclasses.fields(EngineConfig)} - {"schedule", "probe_cost"}
+    schedule_knobs = {f.name for f in dataclasses.fields(PhaseSchedule)} - {"script"}
+    assert {name.removeprefix("hybrid_") for name in mapped} == engine_knobs | schedule_knobs  # all reachable
+    for f in dataclasses.fields(HybridArgumentsMixin):
+        if f.name in mapped and f.default is not None:  # None: derived (the training seed, no kwargs)
+            owner, name = engine_target(f.name)
+            assert f.default == getattr(schedule if owner == "schedule" else engine, name), f.name
 
 
 def test_engine_config_takes_the_training_seed_by_default(tmp_path):

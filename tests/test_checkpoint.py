@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import SaveAt, hybrid_trainer, step_logs
 
-from hf_hybrid.checkpoint import HYBRID_STATE_FILE, HybridCheckpointError
+from hf_hybrid.checkpoint import HYBRID_STATE_FILE, HYBRID_STATE_JSON, HybridCheckpointError, _sha256
 
 
 def _params(trainer):
@@ -43,17 +43,30 @@ def test_resume_continues_exactly(straight_run, tmp_path, kind):
     assert resumed.hybrid_stats() == straight.hybrid_stats()
 
 
-def test_trainer_state_json_holds_readable_hybrid_state(straight_run):
+def test_the_checkpoint_holds_a_readable_hybrid_state(straight_run):
+    out, straight, saved = straight_run
+    folder = out / f"checkpoint-{saved['mid_predict']}"
+    state = json.loads((folder / "trainer_state.json").read_text())
+    entry = state["stateful_callbacks"]["HybridStateCallback"]["attributes"]["engine_state"]
+    assert entry["format_version"] == 2
+    assert entry["summary"]["predictor"] == "ema" and entry["summary"]["steps"] == saved["mid_predict"]
+    tree = json.loads((folder / HYBRID_STATE_JSON).read_text())
+    assert tree["controller"]["phase"] == "predict"
+    assert tree["controller"]["predict_remaining"] > 0
+    assert tree["config"]["predictor"] == "ema"
+    assert tree["guard"]["snapshot"]  # a phase is open, so its rollback point is saved
+    assert tree["phase"]["predicted"] >= 1
+    assert (folder / HYBRID_STATE_FILE).is_file()
+
+
+def test_trainer_state_json_stays_small(straight_run):
+    """Only the entry (versions, file names, checksums, headline numbers) is in trainer_state.json."""
     out, _, saved = straight_run
     folder = out / f"checkpoint-{saved['mid_predict']}"
     state = json.loads((folder / "trainer_state.json").read_text())
     entry = state["stateful_callbacks"]["HybridStateCallback"]["attributes"]["engine_state"]
-    assert entry["format_version"] == 1
-    assert entry["state"]["controller"]["phase"] == "predict"
-    assert entry["state"]["controller"]["predict_remaining"] > 0
-    assert entry["state"]["config"]["predictor"] == "ema"
-    assert entry["state"]["snapshot"]  # a phase is open, so its rollback point is saved
-    assert (folder / HYBRID_STATE_FILE).is_file()
+    assert set(entry) == {"format_version", "tensor_file", "state_file", "sha256", "summary"}
+    assert len(json.dumps(entry)) < 1024
 
 
 def test_a_corrupt_tensor_file_is_refused_with_a_clear_message(straight_run, tmp_path):
@@ -179,30 +192,55 @@ def test_another_lora_rank_is_refused(tmp_path):
         second.train(resume_from_checkpoint=str(tmp_path / "checkpoint-12"))
 
 
-def _edit_entry(folder, edit):
+def _edit_state(folder, edit_entry=None, edit_tree=None):
+    """Change the checkpoint's entry and/or its readable state, keeping the checksum consistent (a state
+    written wrongly, not a file damaged on disk)."""
     path = folder / "trainer_state.json"
     state = json.loads(path.read_text())
-    edit(state["stateful_callbacks"]["HybridStateCallback"]["attributes"]["engine_state"])
+    entry = state["stateful_callbacks"]["HybridStateCallback"]["attributes"]["engine_state"]
+    if edit_tree is not None:
+        tree = json.loads((folder / HYBRID_STATE_JSON).read_text())
+        edit_tree(tree)
+        (folder / HYBRID_STATE_JSON).write_text(json.dumps(tree))
+        entry["sha256"]["state"] = _sha256(folder / HYBRID_STATE_JSON)
+    if edit_entry is not None:
+        edit_entry(entry)
     path.write_text(json.dumps(state))
 
 
 @pytest.mark.parametrize(
-    ("damage", "message"),
+    ("entry_damage", "tree_damage", "message"),
     [
-        (lambda e: e.update(format_version=99), r"format 99 is not supported"),
-        (lambda e: e["state"].pop("bandit"), r"cannot resume the hybrid engine.*'bandit'"),
-        (lambda e: e["state"]["predictor"].update(name="lowrank"), r"predictor state is for 'lowrank'"),
+        (lambda e: e.update(format_version=99), None, r"format 99 is not supported"),
+        (None, lambda t: t.pop("bandit"), r"cannot resume the hybrid engine.*'bandit'"),
+        (None, lambda t: t["predictor"].update(name="lowrank"), r"predictor state is for 'lowrank'"),
     ],
 )
-def test_damaged_or_newer_state_entries_are_refused(straight_run, tmp_path, damage, message):
+def test_damaged_or_newer_state_entries_are_refused(
+    straight_run, tmp_path, entry_damage, tree_damage, message
+):
     import shutil
 
     out, _, saved = straight_run
     folder = tmp_path / "checkpoint-x"
     shutil.copytree(out / f"checkpoint-{saved['correct']}", folder)
-    _edit_entry(folder, damage)
+    _edit_state(folder, entry_damage, tree_damage)
     trainer = hybrid_trainer(tmp_path / "run", max_steps=40)
     with pytest.raises(HybridCheckpointError, match=message):
+        trainer.train(resume_from_checkpoint=str(folder))
+
+
+def test_an_edited_state_file_is_refused_by_its_checksum(straight_run, tmp_path):
+    import shutil
+
+    out, _, saved = straight_run
+    folder = tmp_path / "checkpoint-x"
+    shutil.copytree(out / f"checkpoint-{saved['correct']}", folder)
+    tree = json.loads((folder / HYBRID_STATE_JSON).read_text())
+    tree["counters"]["rollbacks"] = 99
+    (folder / HYBRID_STATE_JSON).write_text(json.dumps(tree))
+    trainer = hybrid_trainer(tmp_path / "run", max_steps=40)
+    with pytest.raises(HybridCheckpointError, match=r"hybrid_state.json is corrupt or truncated"):
         trainer.train(resume_from_checkpoint=str(folder))
 
 

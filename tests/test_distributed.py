@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import torch
 
-from hf_hybrid.checkpoint import HYBRID_STATE_FILE
+from hf_hybrid.checkpoint import HYBRID_STATE_FILE, HYBRID_STATE_JSON
 
 pytestmark = pytest.mark.distributed
 
@@ -141,14 +141,15 @@ def test_only_rank_zero_writes_the_hybrid_state_and_the_json_entry_is_complete(r
         folder = runs["ddp_dir"] / f"checkpoint-{save['step']}"
         state = json.loads((folder / "trainer_state.json").read_text())
         entry = state["stateful_callbacks"]["HybridStateCallback"]["attributes"]["engine_state"]
-        assert entry["sha256"] == save["sha256"] == _sha256(folder / HYBRID_STATE_FILE)
+        assert entry["sha256"]["tensors"] == save["sha256"] == _sha256(folder / HYBRID_STATE_FILE)
+        assert entry["sha256"]["state"] == _sha256(folder / HYBRID_STATE_JSON)
         assert entry["tensor_file"] == HYBRID_STATE_FILE
-        assert entry["state"]["config"]["predictor"] == "ema"
+        assert json.loads((folder / HYBRID_STATE_JSON).read_text())["config"]["predictor"] == "ema"
         assert not list(folder.glob("*.tmp"))
     mid = runs["ddp_dir"] / f"checkpoint-{rank0['saved_at']['mid_predict']}"
-    entry = json.loads((mid / "trainer_state.json").read_text())["stateful_callbacks"]["HybridStateCallback"]
-    assert entry["attributes"]["engine_state"]["state"]["controller"]["phase"] == "predict"
-    assert entry["attributes"]["engine_state"]["state"]["snapshot"]  # the open phase's rollback point
+    tree = json.loads((mid / HYBRID_STATE_JSON).read_text())
+    assert tree["controller"]["phase"] == "predict"
+    assert tree["guard"]["snapshot"]  # the open phase's rollback point
 
 
 def test_a_two_rank_checkpoint_resumes_in_one_process_on_the_same_curve(runs, tmp_path):

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
-import pytest
 import torch
 from helpers import hybrid_trainer, tiny_gpt2
 from transformers import TrainerCallback

@@ -55,9 +55,7 @@ def _real_steps_before_next_predict(trainer, step):
 @pytest.mark.parametrize("phase", ["full", "predict", "correct"])
 @pytest.mark.parametrize("fault", ["nan", "inf", "wrong_shape", "raises"])
 def test_unusable_prediction_resets_the_predictor(tmp_path, invariants, fault, phase):
-    trainer, trigger, watch, step, cls = _run(
-        tmp_path, invariants, phase, PREDICTOR_FAULTS[fault]
-    )
+    trainer, trigger, watch, step, cls = _run(tmp_path, invariants, phase, PREDICTOR_FAULTS[fault])
     row = trainer.hybrid_timeline[step]
     record = watch.steps[step]
     assert cls.resets >= 1

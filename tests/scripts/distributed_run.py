@@ -76,9 +76,12 @@ def recorded_engine_saves(trainer: Any) -> Iterator[list[dict[str, Any]]]:
     saves: list[dict[str, Any]] = []
     original = trainer_module.save_engine_state
 
-    def save_and_record(state: dict[str, Any], folder: Any, write_files: bool) -> dict[str, Any]:
-        entry = original(state, folder, write_files)
-        saves.append({"step": trainer.state.global_step, "wrote": write_files, "sha256": entry["sha256"]})
+    def save_and_record(
+        state: dict[str, Any], folder: Any, write_files: bool, **kwargs: Any
+    ) -> dict[str, Any]:
+        entry = original(state, folder, write_files, **kwargs)
+        sha = entry["sha256"]["tensors"]
+        saves.append({"step": trainer.state.global_step, "wrote": write_files, "sha256": sha})
         return entry
 
     trainer_module.save_engine_state = save_and_record

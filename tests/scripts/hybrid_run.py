@@ -80,8 +80,8 @@ def _kill_inside_save(trainer, step: int) -> None:
     """SIGKILL this process after the hybrid tensors of checkpoint-`step` were written, mid-save."""
     original = trainer_module.save_engine_state
 
-    def save_then_die(state, folder, write_files):
-        entry = original(state, folder, write_files)
+    def save_then_die(state, folder, write_files, **kwargs):
+        entry = original(state, folder, write_files, **kwargs)
         if trainer.state.global_step == step:
             os.kill(os.getpid(), signal.SIGKILL)
         return entry

@@ -1,0 +1,191 @@
+"""The `hybrid_*` fields, as a dataclass mixin any `TrainingArguments` subclass can carry.
+
+`@dataclass class HybridSFTConfig(HybridArgumentsMixin, SFTConfig): pass` gives TRL's config the same
+fields. Every default comes from the engine's own `EngineConfig`/`PhaseSchedule` (written once, there),
+each field says in its metadata which engine field it sets, and validation is the engine's: building
+the engine configuration in `__post_init__` refuses a bad value under the `hybrid_*` name, before a
+model is loaded or a step is spent. This module imports neither transformers nor torch, so the CLI can
+list the fields fast.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any
+
+from .engine.config import EngineConfig
+from .engine.phases import PhaseSchedule
+from .engine.validation import ConfigError, check_bool, check_int
+
+PREFIX = "hybrid_"
+
+
+def engine_target(hybrid_name: str) -> tuple[str, str] | None:
+    """Where `hybrid_<name>` goes: ("schedule", name) for PhaseSchedule, ("engine", name) for EngineConfig,
+    None for the fields only the trainer reads."""
+    name = hybrid_name.removeprefix(PREFIX)
+    for owner, source in (("schedule", PhaseSchedule), ("engine", EngineConfig)):
+        if name in {f.name for f in fields(source)} and name != "schedule":
+            return owner, name
+    return None
+
+
+def _engine_field(name: str, help: str) -> Any:
+    """A field whose default is the engine's own: `name` of PhaseSchedule or EngineConfig."""
+    source = PhaseSchedule if name in {f.name for f in fields(PhaseSchedule)} else EngineConfig
+    default = next(f for f in fields(source) if f.name == name)
+    if default.default is MISSING:
+        return field(default_factory=default.default_factory, metadata={"help": help})
+    return field(default=default.default, metadata={"help": help})
+
+
+@dataclass
+class HybridArgumentsMixin:
+    """The hybrid fields; see each field's help."""
+
+    hybrid_enabled: bool = field(
+        default=True,
+        metadata={
+            "help": "Route optimizer steps through the phase machine. False: exactly the plain Trainer."
+        },
+    )
+    hybrid_warmup_steps: int = _engine_field(
+        "warmup_steps",
+        "Ordinary steps at the start during which the predictors only observe (>= 0).",
+    )
+    hybrid_full_steps: int = _engine_field("full_steps", "Real steps between two predict phases (>= 0).")
+    hybrid_min_predict_steps: int = _engine_field(
+        "min_predict_steps", "Shortest predict horizon (>= 1, <= hybrid_max_predict_steps)."
+    )
+    hybrid_max_predict_steps: int = _engine_field(
+        "max_predict_steps", "Longest predict horizon (>= hybrid_min_predict_steps, <= 1024)."
+    )
+    hybrid_confidence_threshold: float = _engine_field(
+        "confidence_threshold",
+        "Measured confidence (mean recent skill of the predicted updates, in [0, 1]) needed to enter a "
+        "predict phase. 0 predicts whenever the schedule allows.",
+    )
+    hybrid_correction_interval: int = _engine_field(
+        "correction_interval",
+        "Insert a real CORRECT step after this many predicted steps (0: only at the end).",
+    )
+    hybrid_min_history: int = _engine_field(
+        "min_history", "Real updates the predictor must have seen before a predict phase (>= 1)."
+    )
+    hybrid_predictor: str = _engine_field(
+        "predictor",
+        "Weight-delta predictor: a registered name (built-in: adam, ema, lowrank, null; see "
+        "`hf_hybrid.register_predictor`) or auto (`adam`, which replays torch Adam/AdamW with no extra "
+        "buffer, when the optimizer allows, else `ema`).",
+    )
+    hybrid_predictor_kwargs: dict | str | None = field(
+        default=None,
+        metadata={"help": "Constructor arguments of the predictor, a JSON object (e.g. '{\"beta\": 0.8}')."},
+    )
+    hybrid_check_every: int = _engine_field(
+        "check_every",
+        "Measure the loss (forward pass) on every n-th predicted step (1: all; 0: none, blind).",
+    )
+    hybrid_max_delta: float = _engine_field(
+        "max_delta", "Trust region: largest predicted change relative to the weight, in (0, 1]."
+    )
+    hybrid_rollback: bool = _engine_field(
+        "rollback", "Roll back a predict phase whose loss regressed or diverged."
+    )
+    hybrid_divergence_sigma: float = _engine_field(
+        "divergence_sigma", "Loss z-score that counts as divergence (> 0; 1.5x warns, 2x is critical)."
+    )
+    hybrid_snapshot_device: str = _engine_field(
+        "snapshot_device", "Where the rollback snapshot lives: same (the parameters' device) or cpu."
+    )
+    hybrid_seed: int | None = field(
+        default=None,
+        metadata={
+            "help": "Seed of the engine's own generators (default: the training `seed`).",
+        },
+    )
+    hybrid_use_bandit: bool = _engine_field(
+        "use_bandit", "Choose the horizon with a UCB1 bandit; False always uses the largest allowed."
+    )
+    hybrid_dormant_every: int = _engine_field(
+        "dormant_every",
+        "While the measured confidence is under half the threshold, observe the (averaged) real update "
+        "only every n-th step (1: every step).",
+    )
+    hybrid_probe_batches: int = field(
+        default=0,
+        metadata={
+            "help": "Validate each predict phase on this many fixed training-sized batches (eval mode, "
+            "no_grad): it is kept only if their loss fell from the phase's start to its end (0: off, the "
+            "noisier training-loss regression test decides)."
+        },
+    )
+    hybrid_restart_engine: bool = field(
+        default=False,
+        metadata={
+            "help": "On resume, ignore the saved hybrid state and start a new engine (needed after changing "
+            "the hybrid configuration or the trainable parameters); counters and timeline carry on."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        self.validate_hybrid_args()
+        super().__post_init__()  # type: ignore[misc]
+
+    def validate_hybrid_args(self) -> None:
+        """Raise a ValueError naming the `hybrid_*` field, its value and what is allowed."""
+        try:
+            for name in ("hybrid_enabled", "hybrid_restart_engine"):
+                check_bool(name, getattr(self, name))
+            check_int("hybrid_probe_batches", self.hybrid_probe_batches, 0, 1024)
+            if isinstance(self.hybrid_predictor_kwargs, str):
+                self.hybrid_predictor_kwargs = _json_object(
+                    "hybrid_predictor_kwargs", self.hybrid_predictor_kwargs
+                )
+            self.engine_config()
+        except ConfigError as exc:
+            raise ValueError(exc.message(_hybrid_name)) from None
+
+    def engine_config(self) -> EngineConfig:
+        """The engine's view of these arguments: `hybrid_<name>` sets field `<name>` of the engine's
+        PhaseSchedule or EngineConfig (`engine_target`)."""
+        schedule: dict[str, Any] = {}
+        engine: dict[str, Any] = {}
+        for f in hybrid_fields():
+            target = engine_target(f.name)
+            if target is not None:
+                owner, name = target
+                (schedule if owner == "schedule" else engine)[name] = getattr(self, f.name)
+        if engine["seed"] is None:
+            engine["seed"] = getattr(self, "seed", 0)
+        if engine["predictor_kwargs"] is None:
+            engine["predictor_kwargs"] = {}
+        engine["probe_cost"] = self.hybrid_probe_batches / getattr(self, "gradient_accumulation_steps", 1)
+        return EngineConfig(schedule=PhaseSchedule(**schedule), **engine)
+
+    def hybrid_dict(self) -> dict[str, Any]:
+        """The `hybrid_*` values, with the engine seed resolved (as the run used it)."""
+        values = {f.name: getattr(self, f.name) for f in hybrid_fields()}
+        if values["hybrid_seed"] is None:
+            values["hybrid_seed"] = getattr(self, "seed", 0)
+        return values
+
+
+def hybrid_fields() -> tuple[Field, ...]:
+    return fields(HybridArgumentsMixin)
+
+
+def _hybrid_name(engine_name: str) -> str:
+    """`warmup_steps` -> `hybrid_warmup_steps`: errors speak the user's argument names."""
+    return engine_name if engine_name.startswith(PREFIX) else PREFIX + engine_name
+
+
+def _json_object(name: str, text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(name, text, f"a JSON object ({exc.msg})") from None
+    if not isinstance(value, dict):
+        raise ConfigError(name, text, "a JSON object")
+    return value
