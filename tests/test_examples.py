@@ -90,6 +90,7 @@ def test_run_clm_hybrid_from_a_yaml_file_then_resumes_with_flags(tmp_path):
     assert eval_results["perplexity"] == pytest.approx(math.exp(eval_results["eval_loss"]))
     assert json.loads((out / "train_results.json").read_text())["train_samples"] == 256
     assert "Loss:" in (out / "README.md").read_text()  # the card carries the eval result
+    assert json.loads((out / "hybrid_stats.json").read_text()) == first["hybrid"]  # finish() wrote it
 
     # `--resume_from_checkpoint True` (a string to HfArgumentParser) continues from checkpoint-12: the
     # engine's counters go on from there instead of starting a fresh warmup.
@@ -180,7 +181,7 @@ def test_hybrid_sft_config_upcasts_sft_configs_and_validates_hybrid_fields(tmp_p
     pytest.importorskip("trl")
     from trl import SFTConfig
 
-    from hf_hybrid.trl import HybridSFTConfig, as_hybrid_sft_config
+    from hf_hybrid.sft import HybridSFTConfig, as_hybrid_sft_config
 
     plain = SFTConfig(output_dir=str(tmp_path), max_length=77, bf16=False, learning_rate=3e-4)
     upcast = as_hybrid_sft_config(plain)

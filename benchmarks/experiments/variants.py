@@ -20,9 +20,9 @@ from types import SimpleNamespace
 import torch
 
 from hf_hybrid.bench.frontier import speedup
+from hf_hybrid.bench.overrides import parse_hybrid_overrides as _parse_overrides
 from hf_hybrid.bench.runner import RunSpec, run
 from hf_hybrid.bench.suite import BUDGETS
-from hf_hybrid.cli import _parse_overrides
 
 
 def main() -> None:
