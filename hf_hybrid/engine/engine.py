@@ -189,7 +189,8 @@ class HybridEngine:
                 self.guard.take_snapshot()
             else:
                 skill = 0.0 if residual is None else residual.skill(self.corrector.scale)
-                self._end_phase(PhaseEnd.COMPLETED, skill)
+                # a phase validated under a CAUTION keeps the halved cap instead of widening it again
+                self._end_phase(PhaseEnd.COMPLETED, skill, widen=action is not RecoveryAction.SHORTEN_HORIZON)
         return self._outcome(phase, loss, True, alarms, action)
 
     def _observe_real_step(
@@ -398,16 +399,16 @@ class HybridEngine:
         )
         self.counters.add("predict_phases")
 
-    def _end_phase(self, how: PhaseEnd, skill: float) -> None:
-        """Close the open phase: reward the bandit, let the controller widen or narrow later horizons,
-        free the snapshot."""
+    def _end_phase(self, how: PhaseEnd, skill: float, widen: bool = True) -> None:
+        """Close the open phase: reward the bandit, let the controller narrow (failed) or widen (`widen`)
+        later horizons, free the snapshot."""
         phase, self.phase = self.phase, None
         failed = how is not PhaseEnd.COMPLETED
         if self.config.use_bandit and phase.horizon in self.bandit.arms:
             self.bandit.update(
                 phase.horizon, phase_reward(phase.predicted, self.config.schedule.full_steps, failed, skill)
             )
-        self.controller.end_phase(failed)
+        self.controller.end_phase(failed, widen)
         self.guard.drop_snapshot()
 
     def _phase_reference(self) -> tuple[float, float]:

@@ -169,14 +169,14 @@ class PhaseController:
             self.phase = Phase.FULL  # the forced steps are this cycle's FULL budget, not added to it
             self.full_remaining = 0
 
-    def end_phase(self, failed: bool) -> None:
+    def end_phase(self, failed: bool, widen: bool = True) -> None:
         """The engine closed the predict phase: nothing of it remains to predict; a failed phase halves
-        the cap on later horizons, a validated one lets it grow back."""
+        the cap on later horizons, a validated one lets it grow back (unless `widen` is False)."""
         self.predict_remaining = 0
         self.predicted_since_correct = 0
         if failed:
             self.horizon_cap = max(self.schedule.min_predict_steps, self.horizon_cap // 2)
-        else:
+        elif widen:
             self.relax()
 
     def shorten(self) -> None:

@@ -4,7 +4,10 @@
 teardown if the test did not). Checked:
 
 * after every optimizer step: every trainable weight is finite; a PREDICT step left the optimizer
-  state (moments, step counts) exactly as it was;
+  state (moments, step counts) exactly as it was; the recovery action the step reports is the one it
+  performed (rollback: counted, weights exactly back on the phase's snapshot, FULL forced; force_full:
+  FULL forced, nothing rolled back; shorten_horizon: the horizon cap halved; continue: none of these);
+* every action other than `continue` was logged once, at its step, as that action, and nothing else was;
 * at the end: frozen weights bit-identical to their start (in the model and in every checkpoint);
   every checkpoint on disk holds only finite weights, hybrid tensors and optimizer state;
 * every checkpoint resumes in a new process and trains one more step there (one subprocess per test
@@ -15,8 +18,10 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +48,35 @@ def _optimizer_tensors(path: Path) -> dict[str, torch.Tensor]:
     return {f"{i}.{k}": v for i, s in state.items() for k, v in s.items() if isinstance(v, torch.Tensor)}
 
 
+class _ActionLog(logging.Handler):
+    """Collects the engine's recovery log lines as (step, action)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.actions: Counter[tuple[int, str]] = Counter()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if hasattr(record, "hybrid_action"):
+            self.actions[(record.hybrid_step, record.hybrid_action)] += 1
+
+
 class _Watcher(TrainerCallback):
     def __init__(self, owner: Invariants, trainer: Trainer) -> None:
         self.owner = owner
         self.trainer = trainer
         self.before: dict[Any, Any] | None = None
+        self.engine_before: dict[str, Any] = {}
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.before = copy.deepcopy(self.trainer.optimizer.state_dict()["state"])
+        engine = getattr(self.trainer, "engine", None)
+        if engine is not None:
+            self.engine_before = {
+                "stats": engine.stats(),
+                "cap": engine.controller.horizon_cap,
+                "snapshot": {n: t.clone() for n, t in engine.guard.snapshot.items()},
+                "params": {n: p.detach().clone() for n, p in engine.params.items()},
+            }
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         step = state.global_step
@@ -62,6 +88,32 @@ class _Watcher(TrainerCallback):
             self.owner.predict_steps_checked += 1
             if not same_optimizer_state(self.before, self.trainer.optimizer.state_dict()["state"]):
                 self.owner.violations.append(f"step {step}: a PREDICT step changed the optimizer state")
+        if timeline and self.engine_before:
+            self.owner.violations += self._performed_problems(step, timeline[-1])
+
+    def _performed_problems(self, step: int, row: dict[str, Any]) -> list[str]:
+        """Does the engine's state after the step show exactly the action the step reports?"""
+        engine, before = self.trainer.engine, self.engine_before
+        after = engine.stats()
+        grew = {key: after[key] - before["stats"][key] for key in ("rollbacks", "forced_full")}
+        action, where = row["action"], f"step {step} ({row['phase']}, action {row['action']})"
+        self.owner.actions_checked[action] += 1
+        expected = {
+            "rollback": {"rollbacks": 1, "forced_full": 1},
+            "force_full": {"rollbacks": 0, "forced_full": 1},
+        }.get(action, {"rollbacks": 0, "forced_full": 0})
+        problems = [f"{where}: {key} grew by {grew[key]}" for key in grew if grew[key] != expected[key]]
+        if row["rolled_back"] != (action == "rollback"):
+            problems.append(f"{where}: rolled_back={row['rolled_back']}")
+        if action == "rollback":
+            snapshot = before["snapshot"] or before["params"]  # a phase opened in this step starts here
+            if any(not torch.equal(snapshot[n], p) for n, p in engine.params.items()):
+                problems.append(f"{where}: the weights are not back on the phase's snapshot")
+        if action == "shorten_horizon":
+            halved = max(engine.config.schedule.min_predict_steps, before["cap"] // 2)
+            if engine.controller.horizon_cap != halved:
+                problems.append(f"{where}: horizon cap {before['cap']} -> {engine.controller.horizon_cap}")
+        return problems
 
 
 class Invariants:
@@ -72,6 +124,8 @@ class Invariants:
         self.frozen_start: list[dict[str, torch.Tensor]] = []
         self.violations: list[str] = []
         self.predict_steps_checked = 0
+        self.actions_checked: Counter[str] = Counter()
+        self.action_log = _ActionLog()
         self.verified = False
 
     def watch(self, trainer: Trainer) -> Trainer:
@@ -80,6 +134,10 @@ class Invariants:
             {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
         )
         trainer.add_callback(_Watcher(self, trainer))
+        engine_logger = logging.getLogger("hf_hybrid.engine.engine")
+        if self.action_log not in engine_logger.handlers:
+            engine_logger.addHandler(self.action_log)
+            engine_logger.setLevel(logging.DEBUG)
         return trainer
 
     def checkpoints(self) -> list[Path]:
@@ -91,7 +149,17 @@ class Invariants:
     def verify(self) -> None:
         """Assert every invariant; then queue the complete checkpoints for the new-process check."""
         self.verified = True
+        engine_logger = logging.getLogger("hf_hybrid.engine.engine")
+        engine_logger.removeHandler(self.action_log)
+        engine_logger.setLevel(logging.NOTSET)
         problems = list(self.violations)
+        reported: Counter[tuple[int, str]] = Counter()
+        for trainer in self.trainers:
+            for index, row in enumerate(getattr(trainer, "hybrid_timeline", None) or []):
+                if row.get("action", "continue") != "continue":
+                    reported[(index + 1, row["action"])] += 1
+        if reported != self.action_log.actions:
+            problems.append(f"logged actions {dict(self.action_log.actions)} != performed {dict(reported)}")
         for trainer, frozen in zip(self.trainers, self.frozen_start, strict=True):
             params = dict(trainer.model.named_parameters())
             problems += [

@@ -12,7 +12,7 @@ import shutil
 import pytest
 import torch
 from fault_invariants import CheckpointLoader, Invariants
-from harness import FROZEN, fault_model
+from harness import FROZEN, Trigger, corrupt_loss, fault_model
 from helpers import hybrid_trainer
 from transformers import TrainerCallback
 
@@ -75,3 +75,29 @@ def test_every_invariant_catches_a_planted_violation(tmp_path):
     message = str(caught.value)
     assert "broken:" in message and "hybrid_state.safetensors is missing" in message
     assert "good:" not in message
+
+
+def test_the_action_invariant_catches_a_log_that_disagrees(tmp_path):
+    """A spike in a predict step is rolled back; an engine that logs another action is caught."""
+    invariants = Invariants(CheckpointLoader(), "self-test-actions")
+    trainer = hybrid_trainer(tmp_path, model=fault_model(), max_steps=30, hybrid_warmup_steps=14)
+    invariants.watch(trainer)
+    trigger = Trigger(trainer, "predict", mid_phase=True)
+    corrupt_loss(trainer, trigger, lambda loss: loss * 100.0)
+
+    class _Lie(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            engine = trainer.engine
+            log = engine._log_recovery
+
+            def log_force_full_instead(action, alarms, step_phase, phase_was_open):
+                log(type(action)("force_full"), alarms, step_phase, phase_was_open)
+
+            engine._log_recovery = log_force_full_instead
+
+    trainer.add_callback(_Lie())
+    trainer.train()
+    assert trigger.steps and trainer.hybrid_timeline[trigger.steps[0]]["action"] == "rollback"
+    assert invariants.actions_checked["rollback"] >= 1
+    with pytest.raises(AssertionError, match=r"logged actions .*'force_full'.* != performed .*'rollback'"):
+        invariants.verify()

@@ -48,6 +48,9 @@ def _run(tmp_path, invariants, phase, inject, **overrides):
 
 def _assert_forced_full(trainer, watch, step, phase):
     assert watch.grew(step, "forced_full") == 1
+    row = trainer.hybrid_timeline[step]
+    # the invariants check that this action was performed and logged as such
+    assert row["action"] == ("rollback" if row["rolled_back"] else "force_full")
     if phase != "warmup":  # in warmup the forced budget starts when warmup ends
         assert timeline_after(trainer, step, 3) == ["full"] * 3
 
