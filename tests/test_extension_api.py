@@ -1,0 +1,81 @@
+"""The public extension API, as the README shows it: a user's predictor, by name and as an instance."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import hybrid_args, hybrid_trainer, tiny_data, tiny_gpt2
+
+import hf_hybrid
+from hf_hybrid import HybridHFTrainer, available_predictors, unregister_predictor
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+@pytest.fixture
+def readme_example(tmp_path, monkeypatch):
+    """Run the README's extension block as a user would (in a scratch folder); yield its namespace."""
+    text = README.read_text()
+    block = re.search(r"<!-- extension-example:start -->\s*```python\n(.*?)```", text, re.S)
+    assert block, "the README lost its extension example"
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(block.group(1), "README.md", "exec"), namespace)  # noqa: S102 - the README's own code
+    yield namespace
+    unregister_predictor("last-update")
+
+
+def test_the_readme_example_registers_a_predictor_the_arguments_accept(readme_example):
+    assert "last-update" in available_predictors()
+    args = readme_example["args"]
+    assert args.hybrid_predictor == "last-update" and args.hybrid_predictor_kwargs == {"damping": 0.3}
+    assert args.engine_config().predictor_kwargs == {"damping": 0.3}
+
+
+def test_a_registered_predictor_trains_by_name(readme_example, tmp_path):
+    trainer = hybrid_trainer(tmp_path, max_steps=30, hybrid_predictor="last-update")
+    trainer.train()
+    predictor = trainer.engine.predictor
+    assert type(predictor) is readme_example["LastUpdate"] and predictor.damping == 0.5
+    stats = trainer.hybrid_stats()
+    assert stats["predictor"] == "last-update" and stats["steps_per_phase"]["predict"] > 0
+
+
+def test_an_instance_is_used_and_resumed_from_its_checkpoint(readme_example, tmp_path):
+    cls = readme_example["LastUpdate"]
+    mine = cls(damping=0.25)
+    straight = HybridHFTrainer(
+        model=tiny_gpt2(), args=hybrid_args(tmp_path, max_steps=30, save_strategy="steps", save_steps=18),
+        train_dataset=tiny_data()[0], predictor=mine,
+    )  # fmt: skip
+    straight.train()
+    assert straight.engine.predictor is mine and mine.observed > 0
+    assert straight.hybrid_stats()["steps_per_phase"]["predict"] > 0
+    saved = torch.load(tmp_path / "checkpoint-18" / "training_args.bin", weights_only=False)
+    assert saved.hybrid_predictor == "ema"  # the argument was not used: the instance was
+
+    resumed_instance = cls(damping=0.25)
+    resumed = HybridHFTrainer(
+        model=tiny_gpt2(), args=hybrid_args(tmp_path, max_steps=30), train_dataset=tiny_data()[0],
+        predictor=resumed_instance,
+    )  # fmt: skip
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-18"))
+    assert resumed.engine.predictor is resumed_instance
+    for name, value in resumed.model.named_parameters():
+        assert torch.equal(value, dict(straight.model.named_parameters())[name]), name
+    assert resumed.hybrid_stats() == straight.hybrid_stats()
+
+
+def test_a_predictor_that_is_not_a_delta_predictor_is_refused(tmp_path):
+    with pytest.raises(TypeError, match="`predictor` must be a hf_hybrid.DeltaPredictor instance"):
+        HybridHFTrainer(model=tiny_gpt2(), args=hybrid_args(tmp_path), predictor=object())
+
+
+def test_the_extension_api_is_exported():
+    names = ("DeltaPredictor", "register_predictor", "unregister_predictor", "available_predictors",
+             "HybridEngine", "EngineConfig", "PhaseSchedule", "StepRecord", "HybridOptimizer")  # fmt: skip
+    for name in names:
+        assert name in hf_hybrid.__all__ and getattr(hf_hybrid, name) is not None
