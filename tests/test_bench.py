@@ -63,6 +63,10 @@ class TestHybridOverrides:
         assert type(got["hybrid_max_delta"]) is float and parse_hybrid_overrides(["hybrid_seed=3"]) == {
             "hybrid_seed": 3
         }
+        engine_knobs = parse_hybrid_overrides(
+            ['hybrid_predictor_kwargs={"beta": 0.8}', "hybrid_dormant_every=4"]
+        )
+        assert engine_knobs == {"hybrid_predictor_kwargs": {"beta": 0.8}, "hybrid_dormant_every": 4}
 
     def test_any_annotation_converts_a_json_object_for_a_dict_field(self):
         from typing import Literal

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -200,3 +203,43 @@ def test_train_sequence_classification_on_a_csv_with_string_labels(tmp_path, cap
     card = (out_dir / "README.md").read_text()
     assert "fine-tuned version of [sentence-transformers/all-MiniLM-L6-v2]" in card
     assert "texts.csv dataset" in card and str(tmp_path) not in card.split("## Hybrid training")[0]
+
+
+HELP_PROBE = """
+import sys
+from hf_hybrid.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'datasets', 'numpy'})
+print('HEAVY', heavy)
+"""
+
+
+@pytest.mark.parametrize("task", [[], ["--task", "sequence_classification"]], ids=["clm", "classification"])
+def test_train_help_is_fast_short_and_lists_the_hybrid_fields_first(task):
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(
+        [sys.executable, "-c", HELP_PROBE, "train", *task, "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_seconds = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    out = done.stdout
+    assert "HEAVY []" in out  # nothing transformers-related is imported (that import alone takes seconds)
+    assert cpu_seconds < 1.0, cpu_seconds  # CPU time: what other load on the machine does not stretch
+    assert out.index("--hybrid_warmup_steps") < out.index("--model_name_or_path") < out.index("--dataset")
+    assert "--hybrid_predictor_kwargs JSON" in out
+    assert "--help-all" in out and "sequence_classification" in out
+    assert len(out.splitlines()) < 200
+
+
+def test_train_help_all_lists_every_training_argument(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--help-all"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "--learning_rate" in out and "--hybrid_warmup_steps" in out and "--block_size" in out

@@ -166,7 +166,7 @@ def grouped_help(
     Built with argparse from the dataclass fields alone, so it imports neither transformers nor torch
     (HfArgumentParser's full help takes seconds and is 750 lines long).
     """
-    from ..args import HybridArgumentsMixin
+    from ..hybrid_arguments import HybridArgumentsMixin
 
     parser = argparse.ArgumentParser(
         prog=prog, usage=USAGE, add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter
