@@ -133,6 +133,9 @@ class Policy:
       lr-normalised update ratio (for Adam, how coherent the block's steps were over the window); the
       reference is its largest value in the first `ref` windows; the lowest trainable block is frozen when
       s_b / ref_b < tau for `patience` windows in a row, then the next one is tested in the same decision.
+    signal "plateau": the same s_b; the lowest trainable block is frozen when its relative change between
+      consecutive windows, |s_b(w) - s_b(w-1)| / s_b(w-1), stays below tau for `patience` windows in a
+      row (its update dynamics have stopped changing), then the next one is tested in the same decision.
     signal "gradnorm" (AutoFreeze 2021): g_b = sum over the window of the block's gradient norm; rate_b =
       |g_b(w) - g_b(w-1)| / g_b(w-1); the lowest trainable block is frozen when its rate is below the
       `tau`-quantile of the rates of all trainable freezable blocks (AutoFreeze: the median), one block per
@@ -176,6 +179,7 @@ class Freezer(TrainerCallback):
         self.grad_acc = [0.0] * len(blocks)
         self.prev_grad: list[float | None] = [None] * len(blocks)
         self.ref = [0.0] * len(blocks)
+        self.prev_update: list[float | None] = [None] * len(blocks)
         self.below = [0] * len(blocks)
         self.window = 0
         self.trace: list[dict[str, Any]] = []  # per window: step, lr_sum, per-block signals
@@ -232,6 +236,9 @@ class Freezer(TrainerCallback):
             row["update"][name] = signal
             if self.window <= self.policy.ref:
                 self.ref[b] = max(self.ref[b], signal)
+            if self.prev_update[b]:
+                row.setdefault("plateau", {})[name] = abs(signal - self.prev_update[b]) / self.prev_update[b]
+            self.prev_update[b] = signal
             if self.grad_signal:
                 g = self.grad_acc[b]
                 if self.prev_grad[b]:
@@ -257,13 +264,15 @@ class Freezer(TrainerCallback):
                 )
 
     def _decide(self, step: int, row: dict[str, Any], rates: dict[int, float]) -> None:
-        if self.policy.signal == "update":
-            while self.frozen < self.limit:
-                name = self.blocks[self.frozen][0]
-                ratio = row["update"][name] / max(self.ref[self.frozen], 1e-30)
-                self.below[self.frozen] = self.below[self.frozen] + 1 if ratio < self.policy.tau else 0
-                if self.below[self.frozen] < self.policy.patience:
-                    return
+        if self.policy.signal in ("update", "plateau"):
+            for b in range(self.frozen, self.limit):  # windows in a row below tau, for every trainable block
+                name = self.blocks[b][0]
+                if self.policy.signal == "update":
+                    value = row["update"][name] / max(self.ref[b], 1e-30)
+                else:
+                    value = row.get("plateau", {}).get(name, math.inf)
+                self.below[b] = self.below[b] + 1 if value < self.policy.tau else 0
+            while self.frozen < self.limit and self.below[self.frozen] >= self.policy.patience:
                 self._freeze_next(step)
         elif self.policy.signal == "gradnorm":
             if self.frozen < self.limit and self.frozen in rates and len(rates) > 1:
@@ -517,14 +526,22 @@ def stage(opts, name: str, path: Path) -> None:
                 ensure(opts, path, load(path), {"method": "plain", "seed": seed, "lr": lr, "budget": budget})
     elif name == "static":
         lr = plain_best_lr(data)
-        for frozen in opts.static_frozen:
+
+        def static(frozen: int, m: float) -> dict[str, Any]:
+            spec = {"method": "static", "seed": 0, "lr": lr * m, "budget": 1.0, "frozen": frozen}
+            return ensure(opts, path, load(path), spec)
+
+        for frozen in opts.static_frozen:  # every prefix at the plain best rate first
+            static(frozen, 1.0)
+        data = load(path)
+        ranked = sorted(opts.static_frozen, key=lambda f: -speed(data, static(f, 1.0)))
+        for frozen in ranked[: opts.static_top]:  # larger rates for the best prefixes, widened at the edge
+            losses = {1.0: static(frozen, 1.0)["eval_loss"]}
             for m in opts.static_mults:
-                ensure(
-                    opts,
-                    path,
-                    load(path),
-                    {"method": "static", "seed": 0, "lr": lr * m, "budget": 1.0, "frozen": frozen},
-                )
+                losses[m] = static(frozen, m)["eval_loss"]
+            while min(losses, key=losses.get) == max(losses) and max(losses) * 2 <= opts.max_mult:
+                m = max(losses) * 2
+                losses[m] = static(frozen, m)["eval_loss"]
     elif name == "static-seeds":
         runs = find(load(path), method="static", seed=0, budget=1.0)
         best = min(
@@ -719,12 +736,11 @@ def main() -> None:
         "--static-frozen",
         type=int,
         nargs="+",
-        default=[3, 4, 5, 6],
+        default=[1, 3, 4, 5, 6],
         help="frozen prefix lengths (full FT: 1 = embeddings, 1 + k = embeddings + k blocks)",
     )
-    parser.add_argument(
-        "--static-mults", type=float, nargs="+", default=[1.0, 2.0], help="x the plain best lr"
-    )
+    parser.add_argument("--static-mults", type=float, nargs="+", default=[2.0], help="x the plain best lr")
+    parser.add_argument("--static-top", type=int, default=2, help="prefixes tried at --static-mults")
     parser.add_argument("--static-by", default="speed", choices=["speed", "loss"])
     parser.add_argument(
         "--policy", action="append", default=[], help="Policy fields, e.g. signal=update,tau=0.5"
