@@ -542,11 +542,10 @@ def stage(opts, name: str, path: Path) -> None:
             while min(losses, key=losses.get) == max(losses) and max(losses) * 2 <= opts.max_mult:
                 m = max(losses) * 2
                 losses[m] = static(frozen, m)["eval_loss"]
-    elif name == "static-seeds":
-        runs = find(load(path), method="static", seed=0, budget=1.0)
-        best = min(
-            runs, key=lambda r: r["eval_loss"] / 1.0 if opts.static_by == "loss" else -speed(load(path), r)
-        )
+    elif name == "static-seeds":  # the best (prefix, lr) of seed 0: largest speed-up, then lowest loss
+        data = load(path)
+        runs = find(data, method="static", seed=0, budget=1.0)
+        best = min(runs, key=lambda r: (-round(speed(data, r), 3), r["eval_loss"]))
         for seed in SEEDS[1:]:
             ensure(opts, path, load(path), {**best["spec"], "seed": seed})
     elif name == "adaptive":
@@ -566,8 +565,9 @@ def stage(opts, name: str, path: Path) -> None:
                     },
                 )
     elif name == "adaptive-seeds":
-        runs = find(load(path), method="adaptive", seed=0, budget=1.0)
-        best = max(runs, key=lambda r: speed(load(path), r))
+        data = load(path)
+        runs = find(data, method="adaptive", seed=0, budget=1.0)
+        best = min(runs, key=lambda r: (-round(speed(data, r), 3), r["eval_loss"]))
         for seed in SEEDS[1:]:
             ensure(opts, path, load(path), {**best["spec"], "seed": seed})
     elif name == "report":
@@ -741,7 +741,6 @@ def main() -> None:
     )
     parser.add_argument("--static-mults", type=float, nargs="+", default=[2.0], help="x the plain best lr")
     parser.add_argument("--static-top", type=int, default=2, help="prefixes tried at --static-mults")
-    parser.add_argument("--static-by", default="speed", choices=["speed", "loss"])
     parser.add_argument(
         "--policy", action="append", default=[], help="Policy fields, e.g. signal=update,tau=0.5"
     )
