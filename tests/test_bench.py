@@ -199,3 +199,95 @@ def test_cpu_runs_are_timed_by_the_process_cpu_clock_with_wall_clock_kept(tiny_b
         assert run["clock"] == "cpu_time"
         assert run["train_seconds"] > 0 and run["wall_seconds"] > 0
         assert run["curve"][-1]["seconds"] == run["train_seconds"]  # the final evaluation is not subtracted
+
+
+class TestTimeIsOnlyReportedWhereMeasurable:
+    """Issue 15, item 8: a run too short or too noisy to time says so; a spread from one seed is n/a."""
+
+    @pytest.mark.parametrize(
+        ("ratio", "shortest", "noise", "verdict"),
+        [
+            (1.06, 0.2, 0.09, "too_short"),  # the tiny suite: 0.2 s runs
+            (1.06, 30.0, 0.09, "within_noise"),  # |1.06 - 1| <= the measured noise
+            (1.30, 30.0, 0.30, "too_noisy"),  # beyond MAX_CLOCK_NOISE the clock itself is not trusted
+            (1.30, 30.0, 0.15, "measured"),
+            (0.80, 30.0, None, "measured"),  # no noise measured: the ratio stands, the report says so
+        ],
+    )
+    def test_verdict(self, ratio, shortest, noise, verdict):
+        from hf_hybrid.bench.suite import time_verdict
+
+        assert time_verdict(ratio, shortest, noise) == verdict
+
+    def test_clock_noise_comes_from_runs_that_did_identical_work(self):
+        from hf_hybrid.bench.suite import clock_noise
+
+        def result(budget: float, seconds: float):
+            return type("R", (), {"spec": type("S", (), {"budget": budget})(), "train_seconds": seconds})()
+
+        sweep = [result(1.0, 20.0), result(1.0, 21.0), result(0.25, 5.0)]
+        per_seed = [
+            {"plain_seconds": 20.0, "null": {"time_ratio_vs_plain": 0.94, "backward_skipped_fraction": 0.0}},
+            {"plain_seconds": 22.0, "null": {"time_ratio_vs_plain": 0.70, "backward_skipped_fraction": 0.3}},
+        ]
+        noise = clock_noise(sweep, per_seed)
+        assert noise == pytest.approx({"lr_sweep": 0.05, "plain_seeds": 0.10, "null_control": 0.06})
+        assert clock_noise(sweep[:1], per_seed[1:]) == {}  # nothing ran twice: not measured
+
+    def _report(self, seeds: int, seconds: float, noise: dict[str, float], speedup: float = 1.3):
+        from hf_hybrid.bench.suite import TaskReport, _summarize
+
+        def row(seed: int) -> dict:
+            run = {
+                "eval_loss": 2.0, "eval_loss_minus_plain": 0.0, "seconds": seconds,
+                "speedup_time": speedup + seed / 100, "speedup_time_kind": "interpolated", "speedup_units": 1,
+                "speedup_units_kind": "interpolated", "backward_skipped_fraction": 0.0, "rollbacks": 0,
+                "extra_memory_ratio": 2.0, "device_peak_bytes": None, "plain_device_peak_bytes": None,
+                "time_ratio_vs_plain": 1 / speedup, "wall_ratio_vs_plain": 1 / speedup,
+            }  # fmt: skip
+            return {"seed": seed, "plain_eval_loss": 2.0 + seed / 10, "plain_seconds": seconds,
+                    "hybrid": run, "null": dict(run)}  # fmt: skip
+
+        per_seed = [row(seed) for seed in range(seeds)]
+        return TaskReport("clm_stdlib", 2.0, per_seed=per_seed, summary=_summarize(per_seed, noise))
+
+    def test_short_single_seed_runs_print_no_ratio_and_no_spread(self):
+        from hf_hybrid.bench.report import markdown, overall
+
+        report = self._report(seeds=1, seconds=0.2, noise={"lr_sweep": 0.09})
+        text = markdown([report], {"suite": "tiny", "machine": "cpu"})
+        assert "1.30x" not in text and "0.77" not in text
+        assert text.count("too short to time (< 5 s)") >= 4  # speed-up and time/plain, hybrid and null
+        assert "- clm_stdlib: n/a (1 seed; a spread needs 2 or more)" in text
+        assert "hybrid speed-up in time too short to time" in text
+        assert overall([report])["hybrid_speedup_time_verdict"] == "too_short"
+
+    def test_measured_runs_print_ratio_range_spread_and_noise(self):
+        from hf_hybrid.bench.report import markdown
+
+        report = self._report(seeds=3, seconds=30.0, noise={"lr_sweep": 0.04, "plain_seeds": 0.02})
+        text = markdown([report], {"suite": "full", "machine": "cpu"})
+        assert "| 1.31x (1.30–1.32) |" in text and "| 0.77 |" in text
+        assert "- clm_stdlib: 0.2000" in text
+        assert "- clm_stdlib: ±4.0% (lr sweep 4.0%, plain seeds 2.0%)" in text
+        assert "hybrid speed-up in time 1.31x" in text
+
+    def test_a_ratio_within_the_clock_noise_or_above_its_limit_is_not_a_result(self):
+        from hf_hybrid.bench.report import markdown
+
+        report = self._report(seeds=1, seconds=30.0, noise={"null_control": 0.05}, speedup=1.03)
+        text = markdown([report], {"suite": "quick", "machine": "cpu"})
+        assert "1.03x" not in text and text.count("within noise (±5%)") == 6  # 4 cells, 2 medians
+        report = self._report(seeds=1, seconds=30.0, noise={"null_control": 0.35})
+        text = markdown([report], {"suite": "quick", "machine": "cpu"})
+        assert "1.30x" not in text and "too noisy to time (±35%)" in text  # above MAX_CLOCK_NOISE
+
+
+def test_tiny_suite_says_its_runs_are_too_short_to_time(tiny_bench):
+    out, _, printed = tiny_bench
+    assert "too short to time" in printed and "n/a (1 seed" in printed
+    assert "hybrid speed-up in time too short to time" in printed
+    summary = json.loads((out / "results.json").read_text())["tasks"][0]["summary"]
+    assert summary["hybrid_speedup_time_verdict"] == "too_short"
+    assert summary["plain_eval_loss_spread"] is None
+    assert "lr_sweep" in summary["clock_noise_sources"]  # the two sweep rates did the same work

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .suite import TaskReport
+from .suite import MAX_CLOCK_NOISE, MIN_SEEDS_FOR_SPREAD, MIN_TIMED_SECONDS, TaskReport, time_verdict
 
 PHASE_COLORS = {"warmup": "#dddddd", "full": "#ffffff", "predict": "#ffd59e", "correct": "#b9e3b9"}
 
@@ -41,13 +41,22 @@ def write_report(reports: list[TaskReport], out: str | Path, meta: dict[str, Any
     return paths
 
 
-def overall(reports: list[TaskReport]) -> dict[str, float]:
-    """Median over tasks of each task's median: the headline numbers."""
+def overall(reports: list[TaskReport]) -> dict[str, Any]:
+    """Median over tasks of each task's median: the headline numbers, with the verdict on their time
+    (judged by the shortest run and the largest clock noise of any task)."""
     if not reports:
         return {}
     keys = ("hybrid_speedup_time_median", "hybrid_speedup_units_median", "null_speedup_time_median",
             "null_speedup_units_median", "hybrid_backward_skipped_fraction_median")  # fmt: skip
-    return {key: statistics.median(r.summary[key] for r in reports) for key in keys}
+    out: dict[str, Any] = {key: statistics.median(r.summary[key] for r in reports) for key in keys}
+    noises = [r.summary["clock_noise"] for r in reports if r.summary["clock_noise"] is not None]
+    out["clock_noise"] = max(noises, default=None)
+    for name in ("hybrid", "null"):
+        shortest = min(r.summary[f"{name}_shortest_seconds"] for r in reports)
+        out[f"{name}_speedup_time_verdict"] = time_verdict(
+            out[f"{name}_speedup_time_median"], shortest, out["clock_noise"]
+        )
+    return out
 
 
 def markdown(reports: list[TaskReport], meta: dict[str, Any]) -> str:
@@ -64,6 +73,14 @@ def markdown(reports: list[TaskReport], meta: dict[str, Any]) -> str:
         "memory: the engine's largest state after any step (a predict phase's rollback snapshot included) "
         "over the trainable parameters' bytes.",
         "",
+        f"Time is a result only where it can be measured: a run that trained for less than "
+        f"{MIN_TIMED_SECONDS:g} s is too short to time; the clock noise is measured on runs that did "
+        "identical work (the learning-rate sweep at N steps, the plain runs of different seeds, the null "
+        "control where it skipped nothing), and above "
+        f"±{MAX_CLOCK_NOISE:.0%} no time ratio is given; a ratio within that noise of 1 reads "
+        '"within noise". Seed ranges (min–max) and spreads need '
+        f"{MIN_SEEDS_FOR_SPREAD} seeds or more.",
+        "",
         "| task | best lr | seeds | run | eval loss − plain (median) | speed-up time (median, min–max) "
         "| speed-up units (median) | backward skipped | time / plain | extra memory / trainable |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -72,28 +89,72 @@ def markdown(reports: list[TaskReport], meta: dict[str, Any]) -> str:
         s = r.summary
         for name in ("hybrid", "null"):
             kind = _bound_mark(r.per_seed, name)
+            speedup = _time_text(s, name, "speedup_time", f"{kind}{{:.2f}}x", with_range=True)
             lines.append(
                 f"| {r.task} | x{r.best_lr_multiplier:g} | {s['seeds']} | {name} "
                 f"| {s[f'{name}_eval_loss_minus_plain_median']:+.4f} "
-                f"| {kind}{s[f'{name}_speedup_time_median']:.2f}x ({s[f'{name}_speedup_time_min']:.2f}–"
-                f"{s[f'{name}_speedup_time_max']:.2f}) "
+                f"| {speedup} "
                 f"| {kind}{s[f'{name}_speedup_units_median']:.2f}x "
                 f"| {s[f'{name}_backward_skipped_fraction_median']:.1%} "
-                f"| {s[f'{name}_time_ratio_vs_plain_median']:.2f} "
+                f"| {_time_text(s, name, 'time_ratio_vs_plain', '{:.2f}')} "
                 f"| {s[f'{name}_extra_memory_ratio_median']:.2f} |"
             )
     lines += _device_memory_lines(reports)
+    lines += ["", "Clock noise measured on runs that did identical work (largest deviation, by source):"]
+    lines += [f"- {r.task}: {_noise_text(r.summary)}" for r in reports]
     lines += ["", "Plain Trainer seed-to-seed spread of final eval loss (max − min):"]
-    lines += [f"- {r.task}: {r.summary['plain_eval_loss_spread']:.4f}" for r in reports]
+    lines += [f"- {r.task}: {_spread_text(r.summary)}" for r in reports]
     total = overall(reports)
     if total:
+        hybrid, null = (
+            _verdict_or(total[f"{name}_speedup_time_verdict"], total["clock_noise"])
+            or f"{total[f'{name}_speedup_time_median']:.2f}x"
+            for name in ("hybrid", "null")
+        )
         lines += [
             "",
-            f"**Median over tasks**: hybrid speed-up {total['hybrid_speedup_time_median']:.2f}x in time, "
-            f"{total['hybrid_speedup_units_median']:.2f}x in compute units; null control "
-            f"{total['null_speedup_time_median']:.2f}x / {total['null_speedup_units_median']:.2f}x.",
+            f"**Median over tasks**: hybrid speed-up in time {hybrid}, in compute units "
+            f"{total['hybrid_speedup_units_median']:.2f}x; null control in time {null}, in compute units "
+            f"{total['null_speedup_units_median']:.2f}x.",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _time_text(summary: dict[str, Any], name: str, key: str, template: str, with_range: bool = False) -> str:
+    """The median (with the seeds' min–max when there are enough seeds), or why time is no result."""
+    reason = _verdict_or(summary[f"{name}_{key}_verdict"], summary["clock_noise"])
+    if reason:
+        return reason
+    text = template.format(summary[f"{name}_{key}_median"])
+    if with_range and summary["seeds"] >= MIN_SEEDS_FOR_SPREAD:
+        text += f" ({summary[f'{name}_{key}_min']:.2f}–{summary[f'{name}_{key}_max']:.2f})"
+    return text
+
+
+def _verdict_or(verdict: str, noise: float | None) -> str:
+    """ "" for a measured time, else what stands in its place."""
+    if verdict == "measured":
+        return ""
+    if verdict == "too_short":
+        return f"too short to time (< {MIN_TIMED_SECONDS:g} s)"
+    if verdict == "too_noisy":
+        return f"too noisy to time (±{noise:.0%})"
+    return f"within noise (±{noise:.0%})"
+
+
+def _noise_text(summary: dict[str, Any]) -> str:
+    sources = summary["clock_noise_sources"]
+    if not sources:
+        return "not measured (one run of each kind, and the null control skipped batches)"
+    parts = ", ".join(f"{name.replace('_', ' ')} {value:.1%}" for name, value in sources.items())
+    return f"±{summary['clock_noise']:.1%} ({parts})"
+
+
+def _spread_text(summary: dict[str, Any]) -> str:
+    spread = summary["plain_eval_loss_spread"]
+    if spread is None:
+        return f"n/a ({summary['seeds']} seed; a spread needs {MIN_SEEDS_FOR_SPREAD} or more)"
+    return f"{spread:.4f}"
 
 
 def _device_memory_lines(reports: list[TaskReport]) -> list[str]:

@@ -4,6 +4,12 @@ Per task: a learning-rate sweep of the plain Trainer at the full budget (on the 
 best learning rate; at that rate, for every seed, the plain Trainer runs at each budget (its frontier),
 the hybrid trainer runs at the full budget, and the null control (the null predictor replaying the
 hybrid run's exact phases) runs too. All runs of one invocation share the process, one after the other.
+
+Time is only reported where it can be measured (`time_verdict`): a run that trained for less than
+`MIN_TIMED_SECONDS` is too short (start-up and the clock dominate), and a time ratio within the measured
+clock noise of 1 is not a result. The noise is measured on runs that did identical work (`clock_noise`):
+the sweep's runs at the full budget (the learning rate does not change the compute), the plain runs of
+different seeds, and the null control where it skipped nothing. A spread needs `MIN_SEEDS_FOR_SPREAD`.
 """
 
 from __future__ import annotations
@@ -20,6 +26,15 @@ from .runner import RunResult, RunSpec, run
 logger = logging.getLogger(__name__)
 
 BUDGETS = (0.25, 0.5, 0.75, 1.0)
+MIN_TIMED_SECONDS = 5.0  # training time (CPU time on CPU) below which a run is too short to time
+MAX_CLOCK_NOISE = 0.25  # measured relative clock noise above which the clock itself is not trusted
+MIN_SEEDS_FOR_SPREAD = 2
+VERDICTS = {
+    "measured": "measured",
+    "too_short": f"too short to time (a run trained < {MIN_TIMED_SECONDS:g} s)",
+    "too_noisy": f"too noisy to time (clock noise > ±{MAX_CLOCK_NOISE:.0%})",
+    "within_noise": "within clock noise of 1",
+}
 MAX_EXTENSIONS = 2  # times the LR sweep may be widened past its edge
 SUITES: dict[str, dict[str, Any]] = {
     "tiny": {
@@ -115,7 +130,7 @@ def _run_task(
         )
         report.runs += [r for r in frontier if r not in report.runs] + [hybrid, null]
         report.per_seed.append(_compare(seed, frontier, hybrid, null))
-    report.summary = _summarize(report.per_seed)
+    report.summary = _summarize(report.per_seed, clock_noise(sweep, report.per_seed))
     return report
 
 
@@ -168,10 +183,47 @@ def _compare(seed: int, frontier: list[RunResult], hybrid: RunResult, null: RunR
     return row
 
 
-def _summarize(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+def clock_noise(sweep: Sequence[RunResult], per_seed: list[dict[str, Any]]) -> dict[str, float]:
+    """Relative time deviations between runs that did identical work, by source (absent: not measured).
+
+    `lr_sweep`: max/min − 1 of the sweep's run times at the full budget (the learning rate changes no
+    compute); `plain_seeds`: the same over the plain runs at N of each seed; `null_control`: the largest
+    |null time / plain − 1| over seeds whose null control skipped no backward pass (its work was the
+    plain run's, its engine's bookkeeping included).
+    """
+    out: dict[str, float] = {}
+    sweep_times = [r.train_seconds for r in sweep if r.spec.budget == 1.0]
+    plain_times = [row["plain_seconds"] for row in per_seed]
+    for name, times in (("lr_sweep", sweep_times), ("plain_seeds", plain_times)):
+        if len(times) >= 2 and min(times) > 0:
+            out[name] = max(times) / min(times) - 1.0
+    idle = [
+        abs(row["null"]["time_ratio_vs_plain"] - 1.0)
+        for row in per_seed
+        if row["null"]["backward_skipped_fraction"] == 0
+    ]
+    if idle:
+        out["null_control"] = max(idle)
+    return out
+
+
+def time_verdict(ratio: float, shortest_seconds: float, noise: float | None) -> str:
+    """`measured`, or why `ratio` (a time speed-up or time ratio against plain) is not a result: a run
+    shorter than MIN_TIMED_SECONDS, clock noise above MAX_CLOCK_NOISE, or |ratio − 1| within the noise."""
+    if shortest_seconds < MIN_TIMED_SECONDS:
+        return "too_short"
+    if noise is not None and noise > MAX_CLOCK_NOISE:
+        return "too_noisy"
+    if noise is not None and abs(ratio - 1.0) <= noise:
+        return "within_noise"
+    return "measured"
+
+
+def _summarize(per_seed: list[dict[str, Any]], noise: dict[str, float] | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"seeds": len(per_seed)}
     plain_losses = [row["plain_eval_loss"] for row in per_seed]
-    out["plain_eval_loss_spread"] = max(plain_losses) - min(plain_losses)
+    enough = len(per_seed) >= MIN_SEEDS_FOR_SPREAD
+    out["plain_eval_loss_spread"] = max(plain_losses) - min(plain_losses) if enough else None
     for name in ("hybrid", "null"):
         for key in ("speedup_time", "speedup_units", "eval_loss_minus_plain", "backward_skipped_fraction",
                     "time_ratio_vs_plain", "wall_ratio_vs_plain", "extra_memory_ratio"):  # fmt: skip
@@ -179,4 +231,14 @@ def _summarize(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
             out[f"{name}_{key}_median"] = statistics.median(values)
             out[f"{name}_{key}_min"] = min(values)
             out[f"{name}_{key}_max"] = max(values)
+    noise = noise or {}
+    out["clock_noise_sources"] = noise
+    out["clock_noise"] = max(noise.values()) if noise else None
+    for name in ("hybrid", "null"):
+        shortest = min(min(row["plain_seconds"], row[name]["seconds"]) for row in per_seed)
+        out[f"{name}_shortest_seconds"] = shortest
+        for key in ("speedup_time", "time_ratio_vs_plain"):
+            out[f"{name}_{key}_verdict"] = time_verdict(
+                out[f"{name}_{key}_median"], shortest, out["clock_noise"]
+            )
     return out
