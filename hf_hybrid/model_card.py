@@ -4,7 +4,15 @@
 module edits the written README.md: the tag goes into the YAML metadata (peft rewrites the tags of an
 adapter's card, so it is added after peft has run), the section is rendered from a Jinja template
 shipped in the package (as TRL renders its cards) and placed between markers, so rendering twice
-replaces it instead of appending a second copy.
+replaces it instead of appending a second copy. Every number in the section comes with a line that
+says what it means, and every setting with its field's help.
+
+Naming the base model and the dataset is the caller's part: `create_model_card(finetuned_from=...,
+dataset=...)` (transformers infers `finetuned_from` only for a Hub id, so a model loaded from a local
+directory reads "trained from scratch" without it). peft writes the base model's `_name_or_path` into an
+adapter card's metadata, a local path for a local directory; `add_hybrid_section(base_model=...)`
+replaces such a path with the name the caller gave. A model built from a config has an empty name,
+which transformers writes as "a fine-tuned version of []": the card says "trained from scratch".
 """
 
 from __future__ import annotations
@@ -12,16 +20,19 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+from .hybrid_arguments import HybridArgumentsMixin
 from .telemetry import measured_step_seconds, measured_time_saved_fraction
 
 HYBRID_TAG = "hf-hybrid"
 TEMPLATE = "hybrid_section.md"
 SECTION_START = "<!-- hf-hybrid:start -->"
 SECTION_END = "<!-- hf-hybrid:end -->"
+UNNAMED_BASE_MODEL = "This model is a fine-tuned version of [](https://huggingface.co/) on "
 
 
 def card_context(
@@ -31,7 +42,8 @@ def card_context(
     timeline: Sequence[Mapping[str, Any]],
 ) -> dict[str, Any]:
     """Template values from the engine's counters (`stats`), its recent scores (`metrics`), the hybrid
-    settings and the per-step timeline. Anything not measured in this run is None and shows as n/a."""
+    settings (`config`, with the seed resolved) and the per-step timeline. Anything not measured in
+    this run is None and shows as n/a."""
     from . import __version__
 
     errors = [
@@ -46,7 +58,12 @@ def card_context(
         **{key: metrics.get(key) for key in _METRIC_KEYS},
         "version": __version__,
         "predictor": stats.get("predictor") or config.get("hybrid_predictor", "?"),
+        "max_confidence": stats.get("max_confidence"),
+        "threshold": _setting(config.get("hybrid_confidence_threshold", stats.get("confidence_threshold"))),
         "config": dict(config),
+        "settings_help": {
+            f.name: f.metadata.get("help", "").replace("|", "\\|") for f in fields(HybridArgumentsMixin)
+        },
         "loss_forecast_mae": sum(errors) / len(errors) if errors else None,
         "measured_time_saved_fraction": measured_time_saved_fraction(timeline),
         "step_seconds": measured_step_seconds(timeline),
@@ -82,17 +99,28 @@ def render_section(context: Mapping[str, Any]) -> str:
     return f"{SECTION_START}\n{body.rstrip()}\n{SECTION_END}\n"
 
 
-def add_hybrid_section(readme: str | os.PathLike, section: str, tag: str = HYBRID_TAG) -> Path:
-    """Put `section` into the card at `readme` (replacing an earlier one) and `tag` into its metadata."""
+def add_hybrid_section(
+    readme: str | os.PathLike, section: str, tag: str = HYBRID_TAG, base_model: str | None = None
+) -> Path:
+    """Put `section` into the card at `readme` (replacing an earlier one) and `tag` into its metadata.
+
+    `base_model` (the `finetuned_from` the card was created with) replaces a local directory that peft
+    wrote as an adapter card's `base_model`, in the metadata and in its `base_model:adapter:` tag.
+    """
     from huggingface_hub import ModelCard
 
     path = Path(readme)
     card = ModelCard.load(path) if path.exists() else ModelCard("---\n---\n")
     tags = list(card.data.tags or [])
+    local = card.data.get("base_model")
+    if base_model and isinstance(local, str) and local != base_model and os.path.isdir(local):
+        card.data.base_model = base_model
+        tags = [f"base_model:adapter:{base_model}" if t == f"base_model:adapter:{local}" else t for t in tags]
     if tag not in tags:
         tags.append(tag)
     card.data.tags = tags
-    text = card.text
+    # transformers takes a from-scratch model's empty `_name_or_path` for a base model's name
+    text = card.text.replace(UNNAMED_BASE_MODEL, "This model was trained from scratch on ")
     start, end = text.find(SECTION_START), text.find(SECTION_END)
     if start != -1 and end > start:
         text = text[:start].rstrip() + "\n\n" + text[end + len(SECTION_END) :].lstrip()
@@ -107,3 +135,7 @@ def _pct(value: float | None) -> str:
 
 def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4f}"
+
+
+def _setting(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:g}"

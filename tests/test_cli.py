@@ -93,6 +93,7 @@ def test_train_builtin_tiny_model_on_stdlib(tmp_path, capsys):
     assert "eval_loss" in json.loads((out_dir / "eval_results.json").read_text())
     card = (out_dir / "README.md").read_text()
     assert "hf-hybrid" in card and "Hybrid training" in card
+    assert "trained from scratch on the Python standard library source dataset" in card  # it was
 
 
 def _save_local_model(path: Path) -> None:
@@ -129,6 +130,8 @@ def test_train_local_pretrained_model_with_its_tokenizer(tmp_path, capsys):
     assert stats["steps"] == 4
     assert (out_dir / "model.safetensors").is_file()
     assert (out_dir / "tokenizer.json").is_file()  # the processing_class is saved with the model
+    card = (out_dir / "README.md").read_text()  # a local directory is named, not "trained from scratch"
+    assert f"fine-tuned version of [{model_dir}]" in card and "trained from scratch" not in card
 
 
 def test_train_from_json_argument_file_with_jsonl_dataset(tmp_path, capsys):

@@ -32,6 +32,22 @@ def assert_section_has_the_run(text: str, stats: dict[str, Any], args: Any) -> N
     assert f"| `hybrid_predictor` | `{args.hybrid_predictor}` |" in text
     assert "| mean update skill | " in text and "| mean update skill | n/a |" not in text
     assert "| wall-clock time saved, measured per step | " in text
+    assert f"| `hybrid_seed` | `{args.seed}` |" in text  # resolved: the training seed, not None
+    assert_every_number_is_explained(text, args.hybrid_confidence_threshold)
+
+
+def assert_every_number_is_explained(text: str, threshold: float) -> None:
+    """Every row of the section's tables has a third cell that says what its number or setting means."""
+    section = text[text.index("## Hybrid training") :]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| |")]
+    rows = [row for row in rows if not row.startswith(("| setting |", "|---"))]
+    assert len(rows) > 20
+    for row in rows:
+        cells = [cell.strip() for cell in row.strip("|").split(" | ")]
+        assert len(cells) == 3 and len(cells[2]) > 10, row
+    skill = next(row for row in rows if row.startswith("| mean update skill |"))
+    assert "1 = perfect guess, 0 = no better than skipping the update" in skill
+    assert f"needs ≥ the threshold {threshold:g}" in skill
 
 
 def test_card_of_a_full_model_has_the_section_and_tag(tmp_path):
@@ -127,4 +143,41 @@ def test_template_intro_says_whether_steps_were_predicted(skipped):
         assert f"{skipped} of its 10 optimizer steps skipped the backward pass" in text
     else:
         assert "No optimizer step was predicted" in text
+        assert "never reached the\nthreshold" in text  # 5 warmup and 5 full steps: the bar was not met
+        warmup_only = {**stats, "steps_per_phase": {"warmup": 10, "full": 0, "predict": 0, "correct": 0}}
+        text = render_section(card_context(warmup_only, {}, {"hybrid_predictor": "ema"}, []))
+        assert "No optimizer step was predicted: the run ended within its warmup (10 steps)" in text
     assert "| mean update skill | n/a |" in text
+
+
+def test_intro_of_a_run_that_never_predicted_gives_the_confidence_against_the_threshold():
+    from hf_hybrid.model_card import card_context, render_section
+
+    stats = {"steps": 4, "steps_per_phase": {"warmup": 2, "full": 2, "predict": 0, "correct": 0},
+             "backward_run": 4, "backward_skipped": 0, "backward_skipped_fraction": 0.0, "predict_phases": 0,
+             "rollbacks": 0, "forced_full": 0, "refused_updates": 0, "compute_saved_fraction": 0.0,
+             "predictor_bytes": 8, "engine_bytes": 16, "max_confidence": 0.39}  # fmt: skip
+    config = {"hybrid_confidence_threshold": 0.85, "hybrid_seed": 42}
+    text = render_section(card_context(stats, {"update_skill": 0.0735}, config, []))
+    assert "the measured confidence (at most 0.3900) never reached the\nthreshold 0.85" in text
+    assert "| highest confidence reached | 0.3900 | " in text
+    assert "| mean update skill | 0.0735 | 1 − ‖guess − real‖² / ‖real‖²: 1 = perfect guess" in text
+    assert "| `hybrid_seed` | `42` | Seed of the engine's own generators" in text
+
+
+def test_a_local_base_model_path_written_by_peft_is_replaced_by_the_given_name(tmp_path):
+    local = tmp_path / "site-packages" / "minilm"
+    local.mkdir(parents=True)
+    readme = tmp_path / "README.md"
+    metadata = f"library_name: peft\nbase_model: {local}\ntags:\n- base_model:adapter:{local}\n- lora\n"
+    readme.write_text(f"---\n{metadata}---\n\n# run\n")
+    add_hybrid_section(readme, f"{SECTION_START}\n## Hybrid training\nx\n<!-- hf-hybrid:end -->\n",
+                       base_model="sentence-transformers/all-MiniLM-L6-v2")  # fmt: skip
+    card = ModelCard.load(readme)
+    assert card.data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
+    assert card.data.tags == ["base_model:adapter:sentence-transformers/all-MiniLM-L6-v2", "lora", HYBRID_TAG]
+    assert str(local) not in readme.read_text()
+    # a Hub id peft wrote is left alone, and so is a card without a base model
+    add_hybrid_section(readme, f"{SECTION_START}\n## Hybrid training\ny\n<!-- hf-hybrid:end -->\n",
+                       base_model="someone/else")  # fmt: skip
+    assert ModelCard.load(readme).data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
