@@ -150,33 +150,58 @@ def _sha256(path: Path) -> str:
 
 
 def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
-    """Newest `checkpoint-N` whose save finished; a folder left half-written by a crash is skipped.
+    """Newest `checkpoint-N` whose save finished; a folder left half-written by a crash is skipped, with a
+    warning that names it, what it lacks, and the steps that will be trained again.
 
     `Trainer` writes trainer_state.json after everything else, so its presence (and, for a hybrid
-    checkpoint, the tensor file it points to) marks a complete save.
+    checkpoint, the files its entry points to) marks a complete save.
     """
     root = Path(output_dir)
     if not root.is_dir():
         return None
     folders = [p for p in root.iterdir() if p.is_dir() and _CHECKPOINT_DIR.match(p.name)]
-    for folder in sorted(folders, key=lambda p: int(_CHECKPOINT_DIR.match(p.name).group(1)), reverse=True):
-        if _is_complete(folder):
+    skipped: list[tuple[Path, str]] = []
+    for folder in sorted(folders, key=_checkpoint_step, reverse=True):
+        missing = _missing_files(folder)
+        if not missing:
+            if skipped:
+                _warn_skipped(skipped, f"resuming from {folder.name}", _checkpoint_step(folder))
             return str(folder)
-        logger.warning("hf_hybrid: skipping %s, its save did not finish", folder)
+        skipped.append((folder, missing))
+    if skipped:
+        _warn_skipped(skipped, "no complete checkpoint is left: training starts from step 0", 0)
     return None
 
 
-def _is_complete(folder: Path) -> bool:
+def _checkpoint_step(folder: Path) -> int:
+    return int(_CHECKPOINT_DIR.match(folder.name).group(1))
+
+
+def _warn_skipped(skipped: list[tuple[Path, str]], then: str, resume_step: int) -> None:
+    newest = _checkpoint_step(skipped[0][0])
+    details = "; ".join(f"{folder} lacks {missing}" for folder, missing in skipped)
+    logger.warning(
+        "hf_hybrid: skipping checkpoints whose save did not finish (%s); %s, so steps %d-%d will be "
+        "trained again",
+        details,
+        then,
+        resume_step + 1,
+        newest,
+    )
+
+
+def _missing_files(folder: Path) -> str:
+    """What a checkpoint folder lacks to be resumable ('' when complete)."""
     if not (folder / TRAINER_STATE_FILE).is_file():
-        return False
+        return TRAINER_STATE_FILE
     try:
         entry = read_engine_entry(folder)
     except (OSError, json.JSONDecodeError):
-        return False
+        return f"a readable {TRAINER_STATE_FILE}"
     if entry is None:
-        return True
+        return ""
     files = (entry.get("tensor_file", HYBRID_STATE_FILE), entry.get("state_file", HYBRID_STATE_JSON))
-    return all((folder / name).is_file() for name in files)
+    return ", ".join(name for name in files if not (folder / name).is_file())
 
 
 def read_engine_entry(folder: str | os.PathLike) -> dict[str, Any] | None:

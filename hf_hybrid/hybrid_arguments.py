@@ -16,9 +16,10 @@ from typing import Any
 
 from .engine.config import EngineConfig
 from .engine.phases import PhaseSchedule
-from .engine.validation import ConfigError, check_bool, check_int
+from .engine.validation import ConfigError, check_bool, check_choice, check_int
 
 PREFIX = "hybrid_"
+CONSOLE_METRICS = ("compact", "full")
 
 
 def engine_target(hybrid_name: str) -> tuple[str, str] | None:
@@ -121,6 +122,14 @@ class HybridArgumentsMixin:
             "noisier training-loss regression test decides)."
         },
     )
+    hybrid_console_metrics: str = field(
+        default="compact",
+        metadata={
+            "help": "What the console shows of the hybrid/* metrics at each logging step: compact (the phase "
+            "and the share of skipped backward passes) or full (every key). Trackers and trainer_state.json "
+            "always get every key.",
+        },
+    )
     hybrid_restart_engine: bool = field(
         default=False,
         metadata={
@@ -139,13 +148,14 @@ class HybridArgumentsMixin:
             for name in ("hybrid_enabled", "hybrid_restart_engine"):
                 check_bool(name, getattr(self, name))
             check_int("hybrid_probe_batches", self.hybrid_probe_batches, 0, 1024)
+            check_choice("hybrid_console_metrics", self.hybrid_console_metrics, CONSOLE_METRICS)
             if isinstance(self.hybrid_predictor_kwargs, str):
                 self.hybrid_predictor_kwargs = _json_object(
                     "hybrid_predictor_kwargs", self.hybrid_predictor_kwargs
                 )
             self.engine_config()
         except ConfigError as exc:
-            raise ValueError(exc.message(_hybrid_name)) from None
+            raise ValueError(exc.message(hybrid_name)) from None
 
     def engine_config(self) -> EngineConfig:
         """The engine's view of these arguments: `hybrid_<name>` sets field `<name>` of the engine's
@@ -176,8 +186,11 @@ def hybrid_fields() -> tuple[Field, ...]:
     return fields(HybridArgumentsMixin)
 
 
-def _hybrid_name(engine_name: str) -> str:
-    """`warmup_steps` -> `hybrid_warmup_steps`: errors speak the user's argument names."""
+def hybrid_name(engine_name: str) -> str:
+    """`warmup_steps` -> `hybrid_warmup_steps`: messages speak the user's argument names (`probe_cost` is
+    derived from `hybrid_probe_batches`)."""
+    if engine_name == "probe_cost":
+        return "hybrid_probe_batches"
     return engine_name if engine_name.startswith(PREFIX) else PREFIX + engine_name
 
 

@@ -27,6 +27,52 @@ def progress_postfix(phase: str | None, stats: Mapping[str, Any]) -> dict[str, s
     return {"phase": phase or "-", "skipped": f"{stats['backward_skipped_fraction']:.0%}"}
 
 
+def console_line(phase: str | None, stats: Mapping[str, Any]) -> str:
+    """What the console shows of the hybrid metrics at a logging step (trackers get every `hybrid/*` key)."""
+    return f"{phase or '-'}, {stats['backward_skipped_fraction']:.0%} backward skipped"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def run_summary(stats: Mapping[str, Any]) -> str:
+    """One paragraph at the end of training: what the phase machine did, what it cost, and, when no
+    predict phase opened, why and what to try."""
+    steps = stats["steps_per_phase"]
+    parts = [
+        f"{stats['steps']} steps ({', '.join(f'{n} {phase}' for phase, n in steps.items() if n)})",
+        f"{stats['backward_skipped']} backward passes skipped ({stats['backward_skipped_fraction']:.1%})",
+        f"{stats['rollbacks']} rollback{'s' if stats['rollbacks'] != 1 else ''}",
+    ]
+    timing = stats.get("timing") or {}
+    cost = f"engine: {_bytes(stats['engine_bytes'])} now, {_bytes(stats['engine_peak_bytes'])} at most"
+    if timing.get("engine_time_share") is not None:
+        cost += f", {timing['engine_time_share']:.1%} of the step time"
+    text = "hf_hybrid: " + "; ".join(parts) + f"; {cost}."
+    threshold = stats["confidence_threshold"]
+    if stats["predict_phases"] == 0 and steps.get("warmup", 0) == stats["steps"]:
+        text += " No predict phase opened: the run ended inside the warmup (`hybrid_warmup_steps`)."
+    elif stats["predict_phases"] == 0 and stats["max_confidence"] >= threshold:
+        text += (
+            " No predict phase opened: the run ended before the schedule allowed one (after the warmup a "
+            "phase needs `hybrid_full_steps` FULL steps and `hybrid_min_history` observed updates)."
+        )
+    elif stats["predict_phases"] == 0:
+        text += (
+            f" No predict phase opened: the highest measured confidence was {stats['max_confidence']:.2f}, "
+            f"under the threshold {threshold:.2f} (`hybrid_confidence_threshold`), so this run trained "
+            "like the plain Trainer. To see predict phases, lower the threshold or try another "
+            "`hybrid_predictor`; measured on this project's benchmark, predicted steps have not beaten a "
+            "tuned learning rate (README, 'Status')."
+        )
+    return text
+
+
 def phase_segments(timeline: Sequence[Mapping[str, Any]]) -> list[tuple[str, int, int]]:
     """Runs of consecutive steps in one phase, as (phase, first step, last step)."""
     segments: list[tuple[str, int, int]] = []

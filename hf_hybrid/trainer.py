@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 from transformers import Trainer, TrainingArguments
-from transformers.trainer_callback import ProgressCallback, TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback, TrainerCallback
 
 from .args import HybridArgumentsMixin, upcast_training_args
 from .checkpoint import (
@@ -44,8 +45,16 @@ from .engine.engine import HybridEngine, StepOutcome, StepPlan, StepRecord, desc
 from .engine.optimizer import HybridOptimizer
 from .engine.phases import Phase
 from .engine.predictor import DeltaPredictor
+from .hybrid_arguments import hybrid_name
 from .model_card import add_hybrid_section, card_context, render_section
-from .telemetry import TIMELINE_PLOT_FILE, log_image_to_wandb, plot_timeline, progress_postfix
+from .telemetry import (
+    TIMELINE_PLOT_FILE,
+    console_line,
+    log_image_to_wandb,
+    plot_timeline,
+    progress_postfix,
+    run_summary,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +98,17 @@ class HybridHFTrainer(Trainer):
         if self.hybrid_args.hybrid_enabled:
             self.add_callback(_HybridStepCallback(self))
             self.add_callback(self._state_callback)
+            self._use_hybrid_console()
+
+    def _use_hybrid_console(self) -> None:
+        """HF's console callback (tqdm bar, or plain printing with `disable_tqdm`), made to show the
+        hybrid metrics compactly and the end-of-run summary."""
+        for default, ours in (
+            (ProgressCallback, _HybridProgressCallback),
+            (PrinterCallback, _HybridPrinterCallback),
+        ):
+            if self.pop_callback(default) is not None:
+                self.add_callback(ours(self))
 
     @property
     def engine_config(self) -> EngineConfig:
@@ -118,7 +138,9 @@ class HybridHFTrainer(Trainer):
         state = read_engine_tree(entry, checkpoint)
         params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         try:
-            problem = describe_mismatch(state["config"], state["parameters"], self.engine_config, params)
+            problem = describe_mismatch(
+                state["config"], state["parameters"], self.engine_config, params, rename=hybrid_name
+            )
         except (KeyError, TypeError) as exc:
             problem = f"its hybrid state is damaged ({exc!r})"
         if problem:
@@ -128,9 +150,11 @@ class HybridHFTrainer(Trainer):
             )
 
     def _inner_training_loop(self, *args: Any, **kwargs: Any) -> Any:
-        """Thin wrapper: after a finished run, the phase-timeline plot."""
+        """Thin wrapper: after a finished run, the phase-timeline plot and the summary in the log."""
         result = super()._inner_training_loop(*args, **kwargs)
         self._publish_timeline_plot()
+        if self.engine is not None and self.is_world_process_zero():
+            logger.info(run_summary(self.hybrid_stats()))
         return result
 
     def _prepare_for_training(
@@ -381,7 +405,7 @@ class HybridHFTrainer(Trainer):
     def _restore_engine(self, checkpoint: str) -> None:
         entry = read_engine_entry(checkpoint)
         if self.hybrid_args.hybrid_restart_engine:
-            logger.warning("hf_hybrid: hybrid_restart_engine=True, the engine starts fresh at %s", checkpoint)
+            self._restart_engine(checkpoint, entry)
             return
         if entry is None:
             logger.warning(
@@ -399,6 +423,28 @@ class HybridHFTrainer(Trainer):
                 "configuration and trainable parameters, or set `hybrid_restart_engine=True` to start afresh."
             ) from exc
         self.hybrid_timeline = load_timeline(checkpoint)
+
+    def _restart_engine(self, checkpoint: str, entry: dict[str, Any] | None) -> None:
+        """A new engine, not a new history: its learnt state starts over, the counters and the timeline
+        of the run so far carry on (from the checkpoint's readable state, when it can be read)."""
+        self.hybrid_timeline = load_timeline(checkpoint)
+        carried = "the phase timeline"
+        if entry is not None:
+            try:
+                self.engine.counters.load_state_dict(read_engine_tree(entry, checkpoint)["counters"])
+                carried = "the counters and the phase timeline"
+            except (HybridCheckpointError, KeyError, TypeError, ValueError) as exc:
+                logger.warning(
+                    "hf_hybrid: the counters of %s cannot be read (%s); they restart at 0", checkpoint, exc
+                )
+        logger.warning(
+            "hf_hybrid: hybrid_restart_engine=True: a new engine from %s. The predictor, the loss "
+            "forecaster, the horizon bandit, the residual history and the divergence statistics start over, "
+            "with a new warmup of %d steps; %s carry on.",
+            checkpoint,
+            self.engine.config.schedule.warmup_steps,
+            carried,
+        )
 
     def _hybrid_state_callback(self) -> HybridStateCallback:
         """The callback whose state `trainer_state.json` carries. HF re-creates stateful callbacks when
@@ -422,13 +468,36 @@ class HybridHFTrainer(Trainer):
         """
         if self.engine is not None and "loss" in logs:
             logs.update({f"hybrid/{key}": value for key, value in self.engine.metrics().items()})
+        if self.engine is not None and "train_runtime" in logs:  # the end-of-run metrics
+            stats = self.hybrid_stats()
+            logs.update({f"hybrid/{key}": float(stats[key]) for key in _SUMMARY_KEYS})
+            logs["hybrid/engine_time_share"] = stats["timing"]["engine_time_share"]
         super().log(logs, start_time)
 
     def hybrid_stats(self) -> dict[str, Any]:
-        """Plain dict of counters: steps per phase, backward passes run/skipped, rollbacks, bytes..."""
+        """Plain dict: steps per phase, backward passes run/skipped, rollbacks, refusals, compute units,
+        the engine's bytes (now and peak), the highest confidence against the threshold, and under
+        `timing` the engine's share of the step time (host clock; the only entry that varies run to run)."""
         if self.engine is None:
             return {"enabled": False, "steps_per_phase": {p.value: 0 for p in Phase}, "backward_skipped": 0}
-        return {"enabled": True, **self.engine.stats()}
+        step_seconds = sum(row["seconds"] for row in self.hybrid_timeline if row.get("seconds") is not None)
+        timing = {
+            "engine_seconds": self.engine.seconds,
+            "step_seconds": step_seconds,
+            "engine_time_share": self.engine.seconds / step_seconds if step_seconds > 0 else 0.0,
+        }
+        return {"enabled": True, **self.engine.stats(), "timing": timing}
+
+    def _console_logs(self, logs: dict[str, Any]) -> dict[str, Any]:
+        """The logs as the console shows them: `hybrid/*` keys folded into one `hybrid` entry (unless
+        `hybrid_console_metrics="full"`); trackers and `trainer_state.json` get the full dict."""
+        if self.engine is None or self.hybrid_args.hybrid_console_metrics == "full":
+            return logs
+        shown = {key: value for key, value in logs.items() if not key.startswith("hybrid/")}
+        if len(shown) < len(logs) and "train_runtime" not in logs:
+            phase = self.engine.controller.phase
+            shown["hybrid"] = console_line(phase.value if phase else None, self.engine.stats())
+        return shown
 
     def create_model_card(self, *args: Any, **kwargs: Any) -> None:
         """HF's card (also the one `push_to_hub` writes), plus the "Hybrid training" section and the
@@ -439,7 +508,11 @@ class HybridHFTrainer(Trainer):
         context = card_context(
             self.engine.stats(), self.engine.metrics(), self.hybrid_args.hybrid_dict(), self.hybrid_timeline
         )
-        add_hybrid_section(os.path.join(self.args.output_dir, "README.md"), render_section(context))
+        add_hybrid_section(
+            os.path.join(self.args.output_dir, "README.md"),
+            render_section(context),
+            base_model=kwargs.get("finetuned_from"),
+        )
 
     def _publish_timeline_plot(self) -> None:
         """World process zero: `output_dir/hybrid_timeline.png`, and the same image on the W&B run."""
@@ -458,8 +531,17 @@ class HybridHFTrainer(Trainer):
                 log_image_to_wandb(wandb, path, self.state.global_step)
 
 
+_SUMMARY_KEYS = (
+    "backward_skipped_fraction",
+    "rollbacks",
+    "predict_phases",
+    "max_confidence",
+    "engine_peak_bytes",
+)
+
+
 class _HybridStepCallback(TrainerCallback):
-    """After each optimizer step: the timeline row, and the phase and skipped share on the tqdm bar."""
+    """After each optimizer step, the timeline row."""
 
     def __init__(self, trainer: HybridHFTrainer) -> None:
         self.trainer = trainer
@@ -469,15 +551,43 @@ class _HybridStepCallback(TrainerCallback):
         if self.trainer.engine is not None and isinstance(optimizer, HybridOptimizer):
             self.trainer._record_outcome(optimizer.last_outcome)
 
+
+class _HybridProgressCallback(ProgressCallback):
+    """HF's tqdm callback: the phase and skipped share on the bar, the `hybrid/*` keys folded into one
+    entry of the printed logs, and the summary after the last step."""
+
+    def __init__(self, trainer: HybridHFTrainer) -> None:
+        super().__init__()
+        self.trainer = trainer
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        super().on_step_end(args, state, control, **kwargs)
         engine = self.trainer.engine
-        if engine is None or not state.is_world_process_zero:
-            return
-        for callback in self.trainer.callback_handler.callbacks:
-            bar = getattr(callback, "training_bar", None) if isinstance(callback, ProgressCallback) else None
-            if bar is not None:
-                phase = engine.controller.phase.value if engine.controller.phase else None
-                bar.set_postfix(progress_postfix(phase, engine.stats()), refresh=False)
+        if engine is not None and self.training_bar is not None:
+            phase = engine.controller.phase.value if engine.controller.phase else None
+            self.training_bar.set_postfix(progress_postfix(phase, engine.stats()), refresh=False)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        super().on_log(args, state, control, logs=self.trainer._console_logs(logs or {}), **kwargs)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        super().on_train_end(args, state, control, **kwargs)
+        if state.is_world_process_zero and self.trainer.engine is not None:
+            tqdm.write(run_summary(self.trainer.hybrid_stats()))
+
+
+class _HybridPrinterCallback(PrinterCallback):
+    """HF's plain console callback (`disable_tqdm=True`), with the same compact hybrid entry and summary."""
+
+    def __init__(self, trainer: HybridHFTrainer) -> None:
+        self.trainer = trainer
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        super().on_log(args, state, control, logs=self.trainer._console_logs(logs or {}), **kwargs)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.is_world_process_zero and self.trainer.engine is not None:
+            print(run_summary(self.trainer.hybrid_stats()))  # the console, as PrinterCallback prints logs
 
 
 def _check_not_empty(dataset: Any) -> None:

@@ -126,3 +126,8 @@ class SaveAt(TrainerCallback):
             self.pending.discard(kind)
             self.saved[kind] = state.global_step
             control.should_save = True
+
+
+def counters(stats: dict[str, Any]) -> dict[str, Any]:
+    """`hybrid_stats()` without its `timing` entry, the one part that differs from run to run."""
+    return {key: value for key, value in stats.items() if key != "timing"}

@@ -42,6 +42,7 @@ BAD_VALUES = [
     ("hybrid_enabled", 1, r"True or False"),
     ("hybrid_restart_engine", "no", r"True or False"),
     ("hybrid_dormant_every", 0, r"integer in \[1, 1000000\]"),
+    ("hybrid_console_metrics", "verbose", r"one of \['compact', 'full'\]"),
     ("hybrid_predictor_kwargs", "[1, 2]", r"a JSON object"),
     ("hybrid_predictor_kwargs", "{beta: 1}", r"a JSON object \(Expecting property name"),
 ]
@@ -153,7 +154,7 @@ def test_every_hybrid_default_is_the_engine_default():
     engine, schedule = EngineConfig(), PhaseSchedule()
     mapped = {f.name for f in dataclasses.fields(HybridArgumentsMixin) if engine_target(f.name)}
     assert {f.name for f in dataclasses.fields(HybridArgumentsMixin)} - mapped == {
-        "hybrid_enabled", "hybrid_probe_batches", "hybrid_restart_engine"
+        "hybrid_enabled", "hybrid_probe_batches", "hybrid_restart_engine", "hybrid_console_metrics"
     }  # fmt: skip
     engine_knobs = {f.name for f in dataclasses.fields(EngineConfig)} - {"schedule", "probe_cost"}
     schedule_knobs = {f.name for f in dataclasses.fields(PhaseSchedule)} - {"script"}

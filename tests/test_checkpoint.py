@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from helpers import SaveAt, hybrid_trainer, step_logs
+from helpers import SaveAt, counters, hybrid_trainer, step_logs
 
 from hf_hybrid.checkpoint import HYBRID_STATE_FILE, HYBRID_STATE_JSON, HybridCheckpointError, _sha256
 
@@ -40,7 +40,7 @@ def test_resume_continues_exactly(straight_run, tmp_path, kind):
     expected = _params(straight)
     for name, value in _params(resumed).items():
         assert torch.equal(value, expected[name]), name
-    assert resumed.hybrid_stats() == straight.hybrid_stats()
+    assert counters(resumed.hybrid_stats()) == counters(straight.hybrid_stats())
 
 
 def test_the_checkpoint_holds_a_readable_hybrid_state(straight_run):
@@ -82,19 +82,30 @@ def test_a_corrupt_tensor_file_is_refused_with_a_clear_message(straight_run, tmp
         trainer.train(resume_from_checkpoint=str(folder))
 
 
-def test_a_changed_predictor_is_refused_and_restart_engine_accepts_it(straight_run, tmp_path):
-    out, _, saved = straight_run
+def test_a_changed_predictor_is_refused_and_restart_engine_accepts_it(straight_run, tmp_path, caplog):
+    out, straight, saved = straight_run
     folder = str(out / f"checkpoint-{saved['correct']}")
     trainer = hybrid_trainer(tmp_path / "a", max_steps=40, hybrid_predictor="lowrank")
     with pytest.raises(
-        HybridCheckpointError, match=r"configuration differs.*'predictor': \('ema', 'lowrank'\)"
+        HybridCheckpointError, match=r"configuration differs.*'hybrid_predictor': \('ema', 'lowrank'\)"
     ):
         trainer.train(resume_from_checkpoint=folder)
     trainer = hybrid_trainer(
         tmp_path / "b", max_steps=40, hybrid_predictor="lowrank", hybrid_restart_engine=True
     )
-    trainer.train(resume_from_checkpoint=folder)
+    with caplog.at_level("WARNING", logger="hf_hybrid.trainer"):
+        trainer.train(resume_from_checkpoint=folder)
     assert trainer.state.global_step == 40
+    # a new engine, not a new history: the counters and the timeline carry on from the checkpoint
+    step = saved["correct"]
+    assert trainer.hybrid_stats()["steps"] == 40 and len(trainer.hybrid_timeline) == 40
+    assert [r["phase"] for r in trainer.hybrid_timeline[:step]] == [
+        r["phase"] for r in straight.hybrid_timeline[:step]
+    ]
+    assert trainer.hybrid_timeline[step]["phase"] == "warmup"  # the new engine warms up again
+    message = "\n".join(r.getMessage() for r in caplog.records)
+    assert "a new engine from" in message and "start over, with a new warmup of 10 steps" in message
+    assert "the counters and the phase timeline carry on" in message
 
 
 def _run_script(tmp_path, *args, check=True):
@@ -125,10 +136,10 @@ def test_resume_in_a_new_process_continues_exactly(tmp_path, setup):
         assert len(resumed["losses"]) == 40
         assert resumed["losses"] == straight["losses"], kind
         assert resumed["params_sha256"] == straight["params_sha256"], kind
-        assert resumed["stats"] == straight["stats"], kind
+        assert counters(resumed["stats"]) == counters(straight["stats"]), kind
 
 
-def test_sigkill_during_a_save_leaves_the_previous_checkpoint_resumable(tmp_path):
+def test_sigkill_during_a_save_leaves_the_previous_checkpoint_resumable(tmp_path, caplog):
     from hf_hybrid.checkpoint import last_complete_checkpoint
 
     out = tmp_path / "out"
@@ -147,7 +158,11 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_resumable(tmp_path
     assert proc.returncode == -9
     assert (out / "checkpoint-20" / HYBRID_STATE_FILE).exists()  # the kill landed mid-save
     assert not (out / "checkpoint-20" / "trainer_state.json").exists()
-    assert last_complete_checkpoint(out) == str(out / "checkpoint-10")
+    with caplog.at_level("WARNING", logger="hf_hybrid.checkpoint"):
+        assert last_complete_checkpoint(out) == str(out / "checkpoint-10")
+    warning = caplog.records[-1].getMessage()
+    assert "checkpoint-20 lacks trainer_state.json" in warning
+    assert "resuming from checkpoint-10, so steps 11-20 will be trained again" in warning
     trainer = hybrid_trainer(out, max_steps=30, save_strategy="no")
     trainer.train(resume_from_checkpoint=True)
     assert trainer.state.global_step == 30

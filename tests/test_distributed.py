@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 import torch
+from helpers import counters
 
 from hf_hybrid.checkpoint import HYBRID_STATE_FILE, HYBRID_STATE_JSON
 
@@ -104,7 +105,7 @@ def test_every_rank_takes_the_same_phase_at_every_step(runs):
     assert len(rank0["phases"]) == STEPS
     assert rank0["phases"] == rank1["phases"]
     assert rank0["phases"].count("predict") >= 4
-    assert rank0["stats"] == rank1["stats"]
+    assert counters(rank0["stats"]) == counters(rank1["stats"])
     assert rank0["stats"]["backward_skipped"] == rank0["phases"].count("predict")
 
 

@@ -159,7 +159,7 @@ def test_bitsandbytes_optimizers_are_untouched_by_predicted_steps(tmp_path, opti
     recorder = OptimizerStateRecorder(trainer)
     trainer.add_callback(recorder)
     trainer.train()
-    inner = trainer.optimizer.optimizer
+    inner = trainer.optimizer.optimizer.optimizer  # HybridOptimizer -> accelerate's wrapper -> bnb
     assert type(inner).__module__.startswith("bitsandbytes"), type(inner)
     states = list(trainer.optimizer.state.values())
     assert any(v.dtype == torch.uint8 for s in states for v in s.values() if torch.is_tensor(v)), (

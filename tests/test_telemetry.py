@@ -268,5 +268,10 @@ def test_training_logs_only_carry_hybrid_keys_from_the_engine(tmp_path):
     trainer = hybrid_trainer(tmp_path, max_steps=12, logging_steps=4)
     trainer.train()
     assert step_logs(trainer, "hybrid/steps_warmup") == [4.0, 8.0, 10.0]
-    final = trainer.state.log_history[-1]
-    assert "train_runtime" in final and not any(key.startswith("hybrid/") for key in final)
+    final = trainer.state.log_history[-1]  # the end-of-run metrics carry the run's hybrid summary
+    assert "train_runtime" in final
+    assert {key for key in final if key.startswith("hybrid/")} == {
+        "hybrid/backward_skipped_fraction", "hybrid/rollbacks", "hybrid/predict_phases",
+        "hybrid/max_confidence", "hybrid/engine_peak_bytes", "hybrid/engine_time_share",
+    }  # fmt: skip
+    assert all(isinstance(v, float) for k, v in final.items() if k.startswith("hybrid/"))

@@ -18,7 +18,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback
 
 from ..args import HybridTrainingArguments
-from ..engine.engine import FULL_STEP_COST
+from ..engine.accounting import FULL_STEP_COST
 from ..engine.phases import Phase
 from ..trainer import HybridHFTrainer
 from .tasks import get_task

@@ -8,7 +8,7 @@ errors under its own `hybrid_*` names (`ConfigError.message(rename)`), so nothin
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -71,10 +71,20 @@ class EngineConfig:
             "schedule": self.schedule.fingerprint(),
         }
 
-    def describe_mismatch(self, saved: Mapping[str, Any]) -> str | None:
-        """Why a state saved under `saved` (a fingerprint) cannot be used here; None if it can."""
-        now = self.fingerprint()
-        if dict(saved) == now:
+    def describe_mismatch(self, saved: Mapping[str, Any], rename: Callable[[str], str] = str) -> str | None:
+        """Why a state saved under `saved` (a fingerprint) cannot be used here; None if it can.
+
+        Fields are named by `rename` (the trainer passes the `hybrid_*` argument names)."""
+        now = _flat(self.fingerprint())
+        before = _flat(dict(saved))
+        diff = {rename(k): (before.get(k), v) for k, v in now.items() if before.get(k) != v}
+        diff.update({rename(k): (v, None) for k, v in before.items() if k not in now})
+        if not diff:
             return None
-        diff = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
         return f"hybrid configuration differs from the checkpoint's (saved, now): {diff}"
+
+
+def _flat(fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """The schedule's fields at the top level, beside the engine's."""
+    schedule = fingerprint.pop("schedule", None) or {}
+    return {**fingerprint, **schedule}

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -120,6 +121,9 @@ class HybridEngine:
         self.last_level = DivergenceLevel.NORMAL
         self.last_predicted_loss: float | None = None
         self.last_measured_loss: float | None = None
+        self.max_confidence = 0.0  # highest confidence measured after warmup (the summary's "why not")
+        self.seconds = 0.0  # host time spent in begin_step/finish_step, the optimizer's own step excluded
+        self.peak_bytes = self.nbytes()
 
     @property
     def predictor_name(self) -> str:
@@ -129,14 +133,19 @@ class HybridEngine:
 
     def begin_step(self) -> StepPlan:
         """Decide the phase of the next optimizer step (call once per step, on every rank)."""
+        started = time.perf_counter()
         was_predicting = self.controller.in_predict_phase
-        phase = self.controller.decide(self.confidence(), self.predictor.observed, self._choose_horizon)
+        confidence = self.confidence()
+        if self.controller.steps_decided >= self.config.schedule.warmup_steps:
+            self.max_confidence = max(self.max_confidence, confidence)
+        phase = self.controller.decide(confidence, self.predictor.observed, self._choose_horizon)
         if phase is Phase.PREDICT and not was_predicting:
             self._open_phase()
         self.last_predicted_loss = _finite_or_none(self.forecaster.next_loss())
         measure = phase.runs_backward or self._is_checked_predict_step()
         self.plan = StepPlan(phase, measure)
         self.counters.add(f"steps_{phase.value}")
+        self.seconds += time.perf_counter() - started
         return self.plan
 
     def finish_step(
@@ -149,10 +158,23 @@ class HybridEngine:
         """
         if self.plan is None:
             raise RuntimeError("finish_step() called without begin_step()")
+        started = time.perf_counter()
+        optimizer_seconds = 0.0
+
+        def timed_optimizer_step() -> None:
+            nonlocal optimizer_seconds
+            begun = time.perf_counter()
+            optimizer_step()
+            optimizer_seconds += time.perf_counter() - begun
+
         plan, self.plan = self.plan, None
         if plan.phase.runs_backward:
-            return self._real_step(plan.phase, record, optimizer_step, skip_nonfinite_step)
-        return self._predict_step(record.loss if plan.measure_loss else None, record.learning_rate)
+            outcome = self._real_step(plan.phase, record, timed_optimizer_step, skip_nonfinite_step)
+        else:
+            outcome = self._predict_step(record.loss if plan.measure_loss else None, record.learning_rate)
+        self.peak_bytes = max(self.peak_bytes, self.nbytes())
+        self.seconds += time.perf_counter() - started - optimizer_seconds
+        return outcome
 
     # ---- real steps (WARMUP, FULL, CORRECT) ----------------------------------------------------
 
@@ -503,12 +525,16 @@ class HybridEngine:
         return self.counters.compute_units(self.config.probe_cost)
 
     def stats(self) -> dict[str, Any]:
-        """Plain counters (what `HybridHFTrainer.hybrid_stats()` returns)."""
+        """Counters and bytes (deterministic: a resumed run reports what the uninterrupted one does), the
+        highest confidence reached against the threshold, and the predictor's name."""
         return {
             **self.counters.summary(self.config.probe_cost),
             "predictor": self.predictor_name,
             "predictor_bytes": self.predictor.nbytes(),
             "engine_bytes": self.nbytes(),
+            "engine_peak_bytes": self.peak_bytes,
+            "max_confidence": self.max_confidence,
+            "confidence_threshold": self.config.schedule.confidence_threshold,
         }
 
     def metrics(self) -> dict[str, float]:
@@ -579,6 +605,9 @@ class HybridEngine:
             "last_level": int(self.last_level),
             "last_predicted_loss": self.last_predicted_loss,
             "last_measured_loss": self.last_measured_loss,
+            "max_confidence": self.max_confidence,
+            "seconds": self.seconds,
+            "peak_bytes": self.peak_bytes,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -607,6 +636,9 @@ class HybridEngine:
         self.last_level = DivergenceLevel(int(state["last_level"]))
         self.last_predicted_loss = state["last_predicted_loss"]
         self.last_measured_loss = state["last_measured_loss"]
+        self.max_confidence = float(state["max_confidence"])
+        self.seconds = float(state["seconds"])
+        self.peak_bytes = int(state["peak_bytes"])
         self.plan = None
 
 
@@ -619,9 +651,11 @@ def describe_mismatch(
     saved_parameters: Mapping[str, list[int]],
     config: EngineConfig,
     params: Mapping[str, torch.Tensor],
+    rename: Callable[[str], str] = str,
 ) -> str | None:
-    """Why a saved engine state cannot be used with this configuration and these parameters (None: it can)."""
-    problem = config.describe_mismatch(saved_config)
+    """Why a saved engine state cannot be used with this configuration and these parameters (None: it can);
+    configuration fields are named by `rename`."""
+    problem = config.describe_mismatch(saved_config, rename)
     if problem:
         return problem
     shapes = parameter_fingerprint(params)

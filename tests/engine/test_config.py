@@ -89,4 +89,6 @@ def test_good_values_build_and_fingerprint_is_json_able() -> None:
     fingerprint = json.loads(json.dumps(config.fingerprint()))
     assert fingerprint["schedule"]["script"] == ["full", "predict"]
     assert config.describe_mismatch(fingerprint) is None
-    assert "check_every" in config.describe_mismatch({**fingerprint, "check_every": 5})
+    changed = {**fingerprint, "check_every": 5, "schedule": {**fingerprint["schedule"], "warmup_steps": 7}}
+    message = config.describe_mismatch(changed, rename=lambda name: f"hybrid_{name}")
+    assert "'hybrid_check_every': (5, 1)" in message and "'hybrid_warmup_steps': (7, 100)" in message

@@ -90,6 +90,8 @@ class _Watcher(TrainerCallback):
                 self.owner.violations.append(f"step {step}: a PREDICT step changed the optimizer state")
         if timeline and self.engine_before:
             self.owner.violations += self._performed_problems(step, timeline[-1])
+            if timeline[-1]["action"] != "continue":
+                self.owner.performed[(len(timeline), timeline[-1]["action"])] += 1
 
     def _performed_problems(self, step: int, row: dict[str, Any]) -> list[str]:
         """Does the engine's state after the step show exactly the action the step reports?"""
@@ -125,6 +127,7 @@ class Invariants:
         self.violations: list[str] = []
         self.predict_steps_checked = 0
         self.actions_checked: Counter[str] = Counter()
+        self.performed: Counter[tuple[int, str]] = Counter()  # (step, action) of the watched steps
         self.action_log = _ActionLog()
         self.verified = False
 
@@ -153,13 +156,10 @@ class Invariants:
         engine_logger.removeHandler(self.action_log)
         engine_logger.setLevel(logging.NOTSET)
         problems = list(self.violations)
-        reported: Counter[tuple[int, str]] = Counter()
-        for trainer in self.trainers:
-            for index, row in enumerate(getattr(trainer, "hybrid_timeline", None) or []):
-                if row.get("action", "continue") != "continue":
-                    reported[(index + 1, row["action"])] += 1
-        if reported != self.action_log.actions:
-            problems.append(f"logged actions {dict(self.action_log.actions)} != performed {dict(reported)}")
+        if self.performed != self.action_log.actions:
+            problems.append(
+                f"logged actions {dict(self.action_log.actions)} != performed {dict(self.performed)}"
+            )
         for trainer, frozen in zip(self.trainers, self.frozen_start, strict=True):
             params = dict(trainer.model.named_parameters())
             problems += [
