@@ -111,8 +111,9 @@ class HybridArgumentsMixin:
     )
     hybrid_dormant_every: int = _engine_field(
         "dormant_every",
-        "While the measured confidence is under half the threshold, observe the (averaged) real update "
-        "only every n-th step (1: every step).",
+        "While the measured confidence is under half the threshold the engine sleeps: it keeps buffers for "
+        "a sample of about 1 in 400 coordinates only and observes the (averaged) real update every n-th step "
+        "(1: never sleeps: full-size buffers, every step).",
     )
     hybrid_probe_batches: int = field(
         default=0,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,14 +36,24 @@ from .guard import ParameterGuard
 from .loss_forecaster import LossForecaster
 from .phases import Phase, PhaseController
 from .predict_phase import PhaseEnd, PredictPhase
-from .predictor import DeltaPredictor, Deltas, build_predictor, delta_dot_products, resolve_predictor_name
+from .predictor import (
+    DeltaPredictor,
+    Deltas,
+    build_predictor,
+    delta_dot_products,
+    predictor_class,
+    resolve_predictor_name,
+)
 from .recovery import Alarm, RecoveryAction, alarms_from_report, choose_action, worst_level
 from .residuals import Corrector, Residual, ResidualStore
+from .sample import CoordinateSample
 from .state import FORMAT_VERSION
 from .updates import RealUpdateTracker
 
 logger = logging.getLogger(__name__)
 
+# Losses remembered for a loss forecaster built when the engine wakes (its window plus one).
+FORECASTER_MEMORY = 33
 # Lower bound of the loss noise a predict phase is judged against, relative to the loss.
 REL_NOISE_FLOOR = 1e-3
 
@@ -98,22 +109,32 @@ class HybridEngine:
         self.bandit = HorizonBandit(
             default_arms(s.min_predict_steps, s.max_predict_steps), seed=self.config.seed, exploration=0.3
         )
-        if predictor is None:
-            name = resolve_predictor_name(self.config.predictor, optimizer)
-            predictor = build_predictor(
-                name, params=self.params, optimizer=optimizer, **self.config.predictor_kwargs
-            )
-        elif not isinstance(predictor, DeltaPredictor):
+        if predictor is not None and not isinstance(predictor, DeltaPredictor):
             raise TypeError(
                 f"`predictor` must be a DeltaPredictor instance, got {type(predictor).__qualname__}"
             )
-        self.predictor = predictor
-        self.forecaster = LossForecaster(seed=self.config.seed, train_every=4)  # ~1 ms a step on average
+        self.optimizer = optimizer
+        self.predictor_name = (
+            predictor.name if predictor else resolve_predictor_name(self.config.predictor, optimizer)
+        )
+        self.sample = CoordinateSample({n: p.shape for n, p in self.params.items()}, self.config.seed)
+        # A given instance cannot be rebuilt for the sample, and `dormant_every=1` asks for an engine that
+        # watches every step: both keep it awake.
+        self.can_sleep = (
+            predictor is None
+            and predictor_class(self.predictor_name).supports_sampling
+            and s.confidence_threshold > 0
+            and self.config.dormant_every > 1
+        )
+        self.awake = not self.can_sleep  # a sleeping engine wakes once its sampled skill nears the threshold
+        self.predictor = predictor or self._build_predictor()
+        self.updates = RealUpdateTracker(self.params, None if self.awake else self.sample)
+        self.recent_losses: deque[tuple[float, float, float | None, int]] = deque(maxlen=FORECASTER_MEMORY)
+        self.forecaster = self._build_forecaster() if self.awake else None
         self.monitor = DivergenceMonitor(sigma=self.config.divergence_sigma)
         self.store = ResidualStore()
         self.corrector = Corrector()
         self.guard = ParameterGuard(self.params, self.config.snapshot_device)
-        self.updates = RealUpdateTracker(self.params)
         self.counters = StepCounters()
         self.phase: PredictPhase | None = None
         self.plan: StepPlan | None = None
@@ -125,9 +146,59 @@ class HybridEngine:
         self.seconds = 0.0  # host time spent in begin_step/finish_step, the optimizer's own step excluded
         self.peak_bytes = self.nbytes()
 
-    @property
-    def predictor_name(self) -> str:
-        return self.predictor.name
+    def _build_predictor(self) -> DeltaPredictor:
+        """The configured predictor, for the whole parameters (awake) or their sample (asleep)."""
+        return build_predictor(
+            self.predictor_name,
+            params=self.params,
+            optimizer=self.optimizer,
+            sample=None if self.awake else self.sample,
+            **self.config.predictor_kwargs,
+        )
+
+    def _build_forecaster(self) -> LossForecaster:
+        """A loss forecaster trained on the losses seen so far (only an awake engine runs one)."""
+        forecaster = LossForecaster(seed=self.config.seed, train_every=4)  # ~1 ms a step on average
+        for loss, lr, grad_norm, phase_index in self.recent_losses:
+            forecaster.observe(loss, lr, grad_norm, phase_index)
+        return forecaster
+
+    def _watched_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Shapes of what the predictor sees: the parameters (awake) or their sampled coordinates."""
+        if self.awake:
+            return {name: tuple(p.shape) for name, p in self.params.items()}
+        return {name: (self.sample.count(name),) for name in self.params}
+
+    def _observe_loss(self, loss: float, lr: float, grad_norm: float | None, phase: Phase) -> None:
+        self.recent_losses.append((loss, lr, grad_norm, phase.index))
+        if self.forecaster is not None:
+            self.forecaster.observe(loss, lr, grad_norm, phase.index)
+
+    def _update_wakefulness(self) -> None:
+        """Sleep (sampled buffers, no loss forecaster) while the skill is unknown or under half the
+        threshold; wake (full-size buffers) when it nears the threshold. Called at WARMUP/FULL steps,
+        when no predict phase is open."""
+        if not self.can_sleep:
+            return
+        s = self.config.schedule
+        sleepy = len(self.store) < s.min_history or self._dormant()
+        if sleepy == (not self.awake):
+            return
+        self.awake = not sleepy
+        self.updates = RealUpdateTracker(self.params, None if self.awake else self.sample)
+        self.predictor = self._build_predictor()
+        self.forecaster = self._build_forecaster() if self.awake else None
+        self.last_predicted_loss = None
+        logger.info(
+            "hf_hybrid: step %d: confidence %.3f %s half the threshold (%.3f): the engine %s",
+            self.controller.steps_decided,
+            self.confidence(),
+            "under" if sleepy else "at or above",
+            s.confidence_threshold / 2,
+            "sleeps (sampled coordinates only)"
+            if sleepy
+            else f"wakes (full-size buffers: {self.nbytes()} bytes)",
+        )
 
     # ---- per step -------------------------------------------------------------------------------
 
@@ -141,7 +212,8 @@ class HybridEngine:
         phase = self.controller.decide(confidence, self.predictor.observed, self._choose_horizon)
         if phase is Phase.PREDICT and not was_predicting:
             self._open_phase()
-        self.last_predicted_loss = _finite_or_none(self.forecaster.next_loss())
+        forecast = None if self.forecaster is None else self.forecaster.next_loss()
+        self.last_predicted_loss = _finite_or_none(forecast)
         measure = phase.runs_backward or self._is_checked_predict_step()
         self.plan = StepPlan(phase, measure)
         self.counters.add(f"steps_{phase.value}")
@@ -202,7 +274,7 @@ class HybridEngine:
         # A finite step always reaches the optimizer, as in the plain Trainer; a rollback decided below
         # then restores the snapshot, so a rolled-back step ends exactly where its phase began.
         residual = self._observe_real_step(phase, record, optimizer_step, steps_ahead, alarms)
-        self.forecaster.observe(loss, record.learning_rate, grad_norm, phase.index)
+        self._observe_loss(loss, record.learning_rate, grad_norm, phase)
         self.last_measured_loss = loss
         action = self._recover(alarms, phase)
         if phase is Phase.CORRECT and self.phase is not None:
@@ -225,6 +297,8 @@ class HybridEngine:
     ) -> Residual | None:
         """The optimizer step itself, and what the engine learns from it: the real update, and the
         score of its own guess of that update. Returns the residual (None when not scored)."""
+        if phase is not Phase.CORRECT:
+            self._update_wakefulness()
         sparse = (phase is Phase.FULL and self._dormant()) or (phase is Phase.WARMUP and self._early_warmup())
         if sparse and self.updates.unobserved_steps + 1 < self.config.dormant_every:
             optimizer_step()
@@ -300,7 +374,7 @@ class HybridEngine:
             alarms += alarms_from_report(self.monitor.check(loss, None, self._forecast_error(loss)))
             self.last_measured_loss = loss
             if math.isfinite(loss):
-                self.forecaster.observe(loss, lr, None, Phase.PREDICT.index)
+                self._observe_loss(loss, lr, None, Phase.PREDICT)
         if worst_level(alarms) >= DivergenceLevel.WARNING:  # the weights look bad already: apply nothing more
             return self._outcome(Phase.PREDICT, loss, False, alarms, self._recover(alarms, Phase.PREDICT))
         self.steps_since_real += 1
@@ -327,7 +401,7 @@ class HybridEngine:
         parameter (which would crash or silently broadcast); such a predictor is reset."""
         try:
             predicted = self.predictor.predict(steps_ahead)
-            _check_prediction(predicted, self.params)
+            _check_prediction(predicted, self._watched_shapes())
             return predicted, None
         except Exception as exc:  # noqa: BLE001 - any predictor failure must end in a safe fallback
             logger.warning("hf_hybrid: predictor %r failed (%r); reset it", self.predictor_name, exc)
@@ -443,7 +517,7 @@ class HybridEngine:
         """
         full = [r.loss_actual for r in self.store.recent(17, phase="full")]
         full = [x for x in full if x is not None and math.isfinite(x)]
-        if self.forecaster.num_observed and len(full) >= 5:
+        if self.forecaster is not None and self.forecaster.num_observed and len(full) >= 5:
             mean = self.forecaster.forecast(1).mean[0]
             changes = sorted(abs(b - a) for a, b in zip(full, full[1:], strict=False))
             # median |x_t - x_{t-1}| of Gaussian noise = 0.954 sigma
@@ -507,7 +581,7 @@ class HybridEngine:
     def confidence(self) -> float:
         """Measured: mean recent skill of the predictor, capped by the loss forecaster's calibration."""
         confidence = self.corrector.confidence(self.store)
-        if self.forecaster.trusted:
+        if self.forecaster is not None and self.forecaster.trusted:
             confidence = min(confidence, self._loss_calibration())
         return confidence
 
@@ -540,7 +614,6 @@ class HybridEngine:
     def metrics(self) -> dict[str, float]:
         """Scalars for the training log (keys without the `hybrid/` prefix)."""
         stats = self.stats()
-        errors = self.forecaster.errors()
         out: dict[str, float] = {
             "phase": float(self.controller.phase.index if self.controller.phase else 0),
             "confidence": self.confidence(),
@@ -548,9 +621,7 @@ class HybridEngine:
             "horizon_cap": float(self.controller.horizon_cap),
             "corrector_scale": self.corrector.scale,
             "divergence_level": float(self.last_level),
-            "dynamics_trusted": float(self.forecaster.trusted),
-            "dynamics_mae": errors["gru_mae"],
-            "dynamics_baseline_mae": min(errors["last_value_mae"], errors["ema_mae"]),
+            "awake": float(self.awake),
             **self.store.summary(self.corrector.scale, recent=16),
         }
         for key in (
@@ -566,6 +637,11 @@ class HybridEngine:
             out[key] = float(stats[key])
         for phase, count in stats["steps_per_phase"].items():
             out[f"steps_{phase}"] = float(count)
+        if self.forecaster is not None:
+            errors = self.forecaster.errors()
+            out["dynamics_trusted"] = float(self.forecaster.trusted)
+            out["dynamics_mae"] = errors["gru_mae"]
+            out["dynamics_baseline_mae"] = min(errors["last_value_mae"], errors["ema_mae"])
         if self.last_predicted_loss is not None:
             out["predicted_loss"] = self.last_predicted_loss
         if self.last_measured_loss is not None:
@@ -574,7 +650,10 @@ class HybridEngine:
 
     def nbytes(self) -> int:
         return (
-            self.updates.nbytes() + self.predictor.nbytes() + self.guard.nbytes() + self.forecaster.nbytes()
+            self.updates.nbytes()
+            + self.predictor.nbytes()
+            + self.guard.nbytes()
+            + (0 if self.forecaster is None else self.forecaster.nbytes())
         )
 
     # ---- checkpointing ---------------------------------------------------------------------------
@@ -593,7 +672,9 @@ class HybridEngine:
             "controller": self.controller.state_dict(),
             "bandit": self.bandit.state_dict(),
             "predictor": self.predictor.state_dict(),
-            "forecaster": self.forecaster.state_dict(),
+            "awake": self.awake,
+            "forecaster": None if self.forecaster is None else self.forecaster.state_dict(),
+            "recent_losses": [list(row) for row in self.recent_losses],
             "monitor": self.monitor.state_dict(),
             "store": self.store.state_dict(),
             "corrector": self.corrector.state_dict(),
@@ -623,8 +704,17 @@ class HybridEngine:
             raise ValueError(problem)
         self.controller.load_state_dict(state["controller"])
         self.bandit.load_state_dict(state["bandit"])
+        self.recent_losses.clear()
+        self.recent_losses.extend(tuple(row) for row in state["recent_losses"])
+        if bool(state["awake"]) != self.awake:  # rebuild the buffers of the saved mode, then fill them
+            self.awake = bool(state["awake"])
+            self.updates = RealUpdateTracker(self.params, None if self.awake else self.sample)
+            self.predictor = self._build_predictor()
+        self.forecaster = None
+        if state["forecaster"] is not None:
+            self.forecaster = self._build_forecaster()
+            self.forecaster.load_state_dict(state["forecaster"])
         self.predictor.load_state_dict(state["predictor"])
-        self.forecaster.load_state_dict(state["forecaster"])
         self.monitor.load_state_dict(state["monitor"])
         self.store.load_state_dict(state["store"])
         self.corrector.load_state_dict(state["corrector"])
@@ -672,16 +762,15 @@ def describe_mismatch(
 
 
 def _check_prediction(
-    predicted: Mapping[str, torch.Tensor] | None, params: Mapping[str, torch.Tensor]
+    predicted: Mapping[str, torch.Tensor] | None, shapes: Mapping[str, tuple[int, ...]]
 ) -> None:
-    """Raise if a predicted update names an unknown parameter or has another shape than its parameter."""
+    """Raise if a predicted update names an unknown parameter or has another shape than it should."""
     for name, delta in (predicted or {}).items():
-        if name not in params:
+        if name not in shapes:
             raise ValueError(f"predicted update for unknown parameter {name!r}")
-        if delta.shape != params[name].shape:
+        if tuple(delta.shape) != shapes[name]:
             raise ValueError(
-                f"predicted update for {name!r} has shape {tuple(delta.shape)}, "
-                f"the parameter {tuple(params[name].shape)}"
+                f"predicted update for {name!r} has shape {tuple(delta.shape)}, expected {shapes[name]}"
             )
 
 

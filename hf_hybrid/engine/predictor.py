@@ -19,6 +19,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from .sample import CoordinateSample
+
 Deltas = dict[str, torch.Tensor]
 
 
@@ -40,11 +42,18 @@ class DeltaPredictor(ABC):
       `hybrid_stats()`); keep it O(1) per trainable parameter. `observed` counts observed updates; the
       engine opens no predict phase before `min_history` of them.
     A predictor built by name gets `**predictor_kwargs`; one with `needs_optimizer = True` also gets
-    `params=` (name -> parameter) and `optimizer=` (the real torch optimizer).
+    `params=` (name -> parameter), `optimizer=` (the real torch optimizer) and `sample=` (below).
+
+    While its confidence is far below the threshold the engine sleeps: it builds the predictor for a
+    `CoordinateSample` of each parameter, and `observe`/`predict` then see 1-D tensors of the sampled
+    coordinates instead of parameter-shaped ones (a predictor with `needs_optimizer` reads its inputs at
+    `sample.gather(name, tensor)`). Element-wise and shape-agnostic predictors need nothing for this; one
+    that needs the full shapes sets `supports_sampling = False`, and the engine then never sleeps.
     """
 
     name: ClassVar[str]
     needs_optimizer: ClassVar[bool] = False
+    supports_sampling: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self.observed = 0
@@ -157,14 +166,16 @@ def build_predictor(
     name: str,
     params: Mapping[str, torch.Tensor] | None = None,
     optimizer: torch.optim.Optimizer | None = None,
+    sample: CoordinateSample | None = None,
     **kwargs: Any,
 ) -> DeltaPredictor:
-    """A registered predictor; those that read the optimizer (`needs_optimizer`) get params and optimizer."""
+    """A registered predictor; those that read the optimizer (`needs_optimizer`) get params, optimizer and
+    the coordinate sample (None: the whole parameters)."""
     cls = predictor_class(name)
     if cls.needs_optimizer:
         if optimizer is None or params is None:
             raise ValueError(f"predictor {name!r} needs the optimizer and the parameters")
-        return cls(params=params, optimizer=optimizer, **kwargs)
+        return cls(params=params, optimizer=optimizer, sample=sample, **kwargs)
     return cls(**kwargs)
 
 
@@ -328,7 +339,12 @@ class AdamReplayPredictor(DeltaPredictor):
     name = "adam"
     needs_optimizer = True
 
-    def __init__(self, params: Mapping[str, torch.Tensor], optimizer: torch.optim.Optimizer) -> None:
+    def __init__(
+        self,
+        params: Mapping[str, torch.Tensor],
+        optimizer: torch.optim.Optimizer,
+        sample: CoordinateSample | None = None,
+    ) -> None:
         super().__init__()
         inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper keeps the real one here
         if not self.supports(optimizer):
@@ -339,6 +355,7 @@ class AdamReplayPredictor(DeltaPredictor):
             )
         self.optimizer = inner
         self.params = dict(params)
+        self.sample = sample
         self.group_of = {id(p): group for group in inner.param_groups for p in group["params"]}
 
     @staticmethod
@@ -361,14 +378,17 @@ class AdamReplayPredictor(DeltaPredictor):
             group = self.group_of[id(p)]
             beta1, beta2 = group["betas"]
             step = float(state["step"]) + steps_ahead
-            m_hat = state["exp_avg"].float() * beta1**steps_ahead / (1 - beta1**step)
-            v_hat = state["exp_avg_sq"].float() * beta2**steps_ahead / (1 - beta2**step)
+            m_hat = self._read(name, state["exp_avg"]).float() * beta1**steps_ahead / (1 - beta1**step)
+            v_hat = self._read(name, state["exp_avg_sq"]).float() * beta2**steps_ahead / (1 - beta2**step)
             lr = float(group["lr"])
             update = -lr * m_hat / (v_hat.sqrt() + group["eps"])
             if isinstance(self.optimizer, torch.optim.AdamW) and group["weight_decay"]:
-                update -= lr * group["weight_decay"] * p.detach().float()
+                update -= lr * group["weight_decay"] * self._read(name, p).float()
             out[name] = update
         return out or None
+
+    def _read(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach() if self.sample is None else self.sample.gather(name, tensor)
 
     def reset(self) -> None:
         self.observed = 0

@@ -1,6 +1,7 @@
 """The real update of the trainable parameters: what the optimizer did since the engine last looked.
 
-The tracker keeps an fp32 copy of the parameters as they were at the last observation. `take()` returns
+The tracker keeps an fp32 copy of the parameters as they were at the last observation (with a
+`CoordinateSample`, of the sampled coordinates only: what the sleeping engine keeps). `take()` returns
 the update per step since then (averaged over the real steps it was not asked about, which is how the
 dormant engine observes only every n-th step) and refreshes the copy. Predicted updates and rollbacks
 move the copy too (`shift`, `reset_to`), so they never count as something the optimizer did.
@@ -14,13 +15,18 @@ from typing import Any
 import torch
 
 from .predictor import Deltas
+from .sample import CoordinateSample
 
 
 class RealUpdateTracker:
-    def __init__(self, params: Mapping[str, torch.Tensor]) -> None:
+    def __init__(self, params: Mapping[str, torch.Tensor], sample: CoordinateSample | None = None) -> None:
         self.params = dict(params)
-        self.last = {name: p.detach().float().clone() for name, p in self.params.items()}
+        self.sample = sample
+        self.last = {name: self._view(name, p).float().clone() for name, p in self.params.items()}
         self.unobserved_steps = 0  # real steps since the last take() that were not observed
+
+    def _view(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach() if self.sample is None else self.sample.gather(name, tensor)
 
     def skip(self) -> None:
         """A real step happened and nobody looked: the next `take()` averages over it."""
@@ -32,7 +38,7 @@ class RealUpdateTracker:
         steps = self.unobserved_steps + 1
         delta = {}
         for name, p in self.params.items():
-            current = p.detach().float()
+            current = self._view(name, p).float()
             delta[name] = current - self.last[name]
             if steps > 1:
                 delta[name].div_(steps)
@@ -44,13 +50,13 @@ class RealUpdateTracker:
     def shift(self, applied: Mapping[str, torch.Tensor]) -> None:
         """A predicted update was written: it is not part of the next real update."""
         for name, delta in applied.items():
-            self.last[name].add_(delta)
+            self.last[name].add_(self._view(name, delta))
 
     @torch.no_grad()
     def reset_to(self, snapshot: Mapping[str, torch.Tensor]) -> None:
         """The parameters were rolled back to `snapshot`."""
         for name, buf in self.last.items():
-            buf.copy_(snapshot[name])
+            buf.copy_(self._view(name, snapshot[name]))
 
     def state_dict(self) -> dict[str, Any]:
         return {"last": dict(self.last), "unobserved_steps": self.unobserved_steps}
