@@ -116,6 +116,18 @@ def _add_bench_parser(sub: Any) -> None:
         help="override a hybrid_* argument (repeatable), typed by its field: e.g. --hybrid "
         "hybrid_predictor=lowrank; a dict field takes a JSON object",
     )
+    bench.add_argument(
+        "--overhead",
+        action="store_true",
+        help="measure instead what the engine costs when it does not predict: alternating plain/hybrid "
+        "pairs of each task at the suite's size (time), and the engine's retained memory while asleep",
+    )
+    bench.add_argument(
+        "--pairs",
+        type=_positive_int,
+        default=3,
+        help="plain/hybrid pairs per task with --overhead (default: 3)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -148,6 +160,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             overrides = parse_hybrid_overrides(args.hybrid)
         except ValueError as exc:
             parser.error(str(exc))
+        if args.overhead:
+            from .bench.overhead import run_overhead
+            from .bench.suite import SUITES
+
+            suite = SUITES[args.suite]
+            out = args.out or f"bench_results/overhead-{args.suite}"
+            run_overhead(args.tasks or suite["tasks"], suite["size"], args.pairs, out, overrides)
+            return 0
         run_bench(args.suite, args.tasks, args.seeds, args.out, overrides)
         return 0
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse rejects it first

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,7 +103,7 @@ class _Clock(TrainerCallback):
         self.eval_before_step, self.eval_wall_before_step = self.eval_seconds, self.eval_wall_seconds
         engine = getattr(self.trainer, "engine", None)
         if engine is not None:
-            self.engine_peak_bytes = max(self.engine_peak_bytes, engine.nbytes())
+            self.engine_peak_bytes = max(self.engine_peak_bytes, sum(engine.peak_memory.values()))
 
     def on_evaluate(
         self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kwargs: Any
@@ -134,8 +135,10 @@ def compute_units(trainer: Trainer | None, steps: int) -> float:
     return steps * FULL_STEP_COST
 
 
-def run(spec: RunSpec, output_dir: str | None = None) -> RunResult:
-    """Train once and measure; every run in one benchmark goes through here, one after the other."""
+def run(spec: RunSpec, output_dir: str | None = None, callbacks: Sequence[TrainerCallback] = ()) -> RunResult:
+    """Train once and measure; every run in one benchmark goes through here, one after the other.
+
+    Extra `callbacks` that have a `trainer` attribute get the trainer before training starts."""
     task = get_task(spec.task)
     size = task.size(spec.size)
     steps = max(1, round(size.steps * spec.budget))
@@ -147,10 +150,19 @@ def run(spec: RunSpec, output_dir: str | None = None) -> RunResult:
         trainer_cls = Trainer if spec.kind == "plain" else HybridHFTrainer
         extra = {"engine_config": _null_engine_config(args, spec)} if spec.kind == "null" else {}
         trainer = trainer_cls(
-            model=model, args=args, train_dataset=train, eval_dataset=evaluation, callbacks=[clock], **extra
+            model=model,
+            args=args,
+            train_dataset=train,
+            eval_dataset=evaluation,
+            callbacks=[clock, *callbacks],
+            **extra,
         )
-        trainer.remove_callback(PrinterCallback)  # the report prints the numbers; no log dict per step
-        clock.trainer = trainer
+        for callback in trainer.callback_handler.callbacks:  # the report prints the numbers, not the logs
+            if isinstance(callback, PrinterCallback):
+                trainer.remove_callback(callback)
+        for callback in (clock, *callbacks):
+            if hasattr(callback, "trainer"):
+                callback.trainer = trainer
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         trainer.train()

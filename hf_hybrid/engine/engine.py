@@ -52,6 +52,8 @@ from .updates import RealUpdateTracker
 
 logger = logging.getLogger(__name__)
 
+# The sleeping engine wakes when its confidence reaches this share of the threshold.
+WAKE_AT = 0.75
 # Losses remembered for a loss forecaster built when the engine wakes (its window plus one).
 FORECASTER_MEMORY = 33
 # Lower bound of the loss noise a predict phase is judged against, relative to the loss.
@@ -144,7 +146,9 @@ class HybridEngine:
         self.last_measured_loss: float | None = None
         self.max_confidence = 0.0  # highest confidence measured after warmup (the summary's "why not")
         self.seconds = 0.0  # host time spent in begin_step/finish_step, the optimizer's own step excluded
-        self.peak_bytes = self.nbytes()
+        self.current_memory = self.memory()  # measured after a step that may have changed it
+        self.peak_memory = dict(self.current_memory)  # largest after any step, by device/host
+        self._memory_changed = False
 
     def _build_predictor(self) -> DeltaPredictor:
         """The configured predictor, for the whole parameters (awake) or their sample (asleep)."""
@@ -175,13 +179,17 @@ class HybridEngine:
             self.forecaster.observe(loss, lr, grad_norm, phase.index)
 
     def _update_wakefulness(self) -> None:
-        """Sleep (sampled buffers, no loss forecaster) while the skill is unknown or under half the
-        threshold; wake (full-size buffers) when it nears the threshold. Called at WARMUP/FULL steps,
-        when no predict phase is open."""
+        """Sleep (sampled buffers, no loss forecaster) while the skill is unknown or far from the
+        threshold; wake (full-size buffers) when it nears it: at `WAKE_AT` of the threshold, and back to
+        sleep under half of it (the gap keeps a skill hovering near one bound from allocating and freeing
+        buffers at every step). Called at WARMUP/FULL steps, when no predict phase is open."""
         if not self.can_sleep:
             return
         s = self.config.schedule
-        sleepy = len(self.store) < s.min_history or self._dormant()
+        sleepy = self._dormant() or (
+            not self.awake
+            and (len(self.store) < s.min_history or self.confidence() < WAKE_AT * s.confidence_threshold)
+        )
         if sleepy == (not self.awake):
             return
         self.awake = not sleepy
@@ -189,15 +197,13 @@ class HybridEngine:
         self.predictor = self._build_predictor()
         self.forecaster = self._build_forecaster() if self.awake else None
         self.last_predicted_loss = None
+        self._memory_changed = True
         logger.info(
-            "hf_hybrid: step %d: confidence %.3f %s half the threshold (%.3f): the engine %s",
+            "hf_hybrid: step %d: confidence %.3f (threshold %.3f): the engine %s",
             self.controller.steps_decided,
             self.confidence(),
-            "under" if sleepy else "at or above",
-            s.confidence_threshold / 2,
-            "sleeps (sampled coordinates only)"
-            if sleepy
-            else f"wakes (full-size buffers: {self.nbytes()} bytes)",
+            s.confidence_threshold,
+            "sleeps (sampled coordinates only)" if sleepy else "wakes (full-size buffers)",
         )
 
     # ---- per step -------------------------------------------------------------------------------
@@ -244,7 +250,11 @@ class HybridEngine:
             outcome = self._real_step(plan.phase, record, timed_optimizer_step, skip_nonfinite_step)
         else:
             outcome = self._predict_step(record.loss if plan.measure_loss else None, record.learning_rate)
-        self.peak_bytes = max(self.peak_bytes, self.nbytes())
+        if self._memory_changed or not plan.phase.runs_backward or self.predictor.observed <= 2:
+            # buffers appear at a wake-up, a phase's snapshot, a predicted write, a predictor's first updates
+            self.current_memory = self.memory()
+            self.peak_memory = {k: max(self.peak_memory[k], n) for k, n in self.current_memory.items()}
+            self._memory_changed = False
         self.seconds += time.perf_counter() - started - optimizer_seconds
         return outcome
 
@@ -281,6 +291,7 @@ class HybridEngine:
             if self.controller.predict_remaining > 0:
                 # intermediate CORRECT: the validated state is the new rollback point
                 self.guard.take_snapshot()
+                self._memory_changed = True
             else:
                 skill = 0.0 if residual is None else residual.skill(self.corrector.scale)
                 # a phase validated under a CAUTION keeps the halved cap instead of widening it again
@@ -485,6 +496,7 @@ class HybridEngine:
 
     def _open_phase(self) -> None:
         self.guard.take_snapshot()
+        self._memory_changed = True
         mean, std = self._phase_reference()
         self.phase = PredictPhase(
             opened_at=self.controller.steps_decided,
@@ -500,6 +512,7 @@ class HybridEngine:
         later horizons, free the snapshot."""
         phase, self.phase = self.phase, None
         failed = how is not PhaseEnd.COMPLETED
+        self._memory_changed = True  # the snapshot is freed
         if self.config.use_bandit and phase.horizon in self.bandit.arms:
             self.bandit.update(
                 phase.horizon, phase_reward(phase.predicted, self.config.schedule.full_steps, failed, skill)
@@ -550,7 +563,7 @@ class HybridEngine:
         Observing costs several passes over every trainable parameter per step (~15% of a CPU step when
         fully fine-tuning a 22M-parameter model); while the measured confidence sits under half the
         threshold, an averaged update every `dormant_every` steps keeps the predictor and its score alive
-        at a fraction of that. Confidence above half the threshold wakes it up.
+        at a fraction of that. (A sleeping engine's observations cost far less: see `_update_wakefulness`.)
         """
         threshold = self.config.schedule.confidence_threshold
         if self.config.dormant_every <= 1 or threshold <= 0:
@@ -601,12 +614,17 @@ class HybridEngine:
     def stats(self) -> dict[str, Any]:
         """Counters and bytes (deterministic: a resumed run reports what the uninterrupted one does), the
         highest confidence reached against the threshold, and the predictor's name."""
+        memory = self.current_memory
         return {
             **self.counters.summary(self.config.probe_cost),
             "predictor": self.predictor_name,
             "predictor_bytes": self.predictor.nbytes(),
-            "engine_bytes": self.nbytes(),
-            "engine_peak_bytes": self.peak_bytes,
+            "engine_bytes": sum(memory.values()),
+            "engine_device_bytes": memory["device"],
+            "engine_host_bytes": memory["host"],
+            "engine_peak_bytes": sum(self.peak_memory.values()),
+            "engine_peak_device_bytes": self.peak_memory["device"],
+            "engine_peak_host_bytes": self.peak_memory["host"],
             "max_confidence": self.max_confidence,
             "confidence_threshold": self.config.schedule.confidence_threshold,
         }
@@ -648,13 +666,23 @@ class HybridEngine:
             out["measured_loss"] = self.last_measured_loss
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
 
+    def memory(self) -> dict[str, int]:
+        """Bytes of the engine's own tensors, by where they live (`device`: an accelerator; `host`)."""
+        tensors = [
+            *self.updates.last.values(),
+            *self.predictor.tensors().values(),
+            *self.guard.snapshot.values(),
+            *self.guard.compensation.values(),
+            *([] if self.forecaster is None else self.forecaster.tensors()),
+        ]
+        out = {"device": 0, "host": 0}
+        for t in tensors:
+            out["host" if t.device.type == "cpu" else "device"] += t.numel() * t.element_size()
+        return out
+
     def nbytes(self) -> int:
-        return (
-            self.updates.nbytes()
-            + self.predictor.nbytes()
-            + self.guard.nbytes()
-            + (0 if self.forecaster is None else self.forecaster.nbytes())
-        )
+        """Bytes of the engine's tensors now (counted; `memory()` splits them by device)."""
+        return sum(self.memory().values())
 
     # ---- checkpointing ---------------------------------------------------------------------------
 
@@ -688,7 +716,7 @@ class HybridEngine:
             "last_measured_loss": self.last_measured_loss,
             "max_confidence": self.max_confidence,
             "seconds": self.seconds,
-            "peak_bytes": self.peak_bytes,
+            "peak_memory": dict(self.peak_memory),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -728,7 +756,8 @@ class HybridEngine:
         self.last_measured_loss = state["last_measured_loss"]
         self.max_confidence = float(state["max_confidence"])
         self.seconds = float(state["seconds"])
-        self.peak_bytes = int(state["peak_bytes"])
+        self.peak_memory = {kind: int(n) for kind, n in state["peak_memory"].items()}
+        self.current_memory = self.memory()
         self.plan = None
 
 

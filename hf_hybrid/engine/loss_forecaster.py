@@ -380,13 +380,16 @@ class LossForecaster:
         return self._count
 
     # ------------------------------------------------------------------ state
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor it holds: weights, Adam state and the feature history (all on the CPU)."""
+        state = [
+            v for st in self._optimizer.state.values() for v in st.values() if isinstance(v, torch.Tensor)
+        ]
+        return [*self._params, *state, self._features]
+
     def nbytes(self) -> int:
         """Bytes held in tensors: weights, Adam state and the feature history."""
-        total = sum(p.numel() * p.element_size() for p in self._params)
-        for st in self._optimizer.state.values():
-            total += sum(v.numel() * v.element_size() for v in st.values() if isinstance(v, torch.Tensor))
-        total += self._features.numel() * self._features.element_size()
-        return total
+        return sum(t.numel() * t.element_size() for t in self.tensors())
 
     def state_dict(self) -> dict[str, Any]:
         """Flat dict of tensors and plain scalars/lists from which the model continues bit-identically.

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Residual:
     """One scored prediction."""
 
@@ -49,9 +49,12 @@ class Residual:
 
 
 class ResidualStore:
-    """Bounded store of recent residuals; old ones fall off so confidence tracks the current regime."""
+    """Bounded store of recent residuals; old ones fall off so confidence tracks the current regime.
 
-    def __init__(self, capacity: int = 256) -> None:
+    64 by default: the engine reads at most the last 32 (confidence 16, loss calibration 32, a phase's
+    reference 17), and what it keeps is memory an idle engine should not spend."""
+
+    def __init__(self, capacity: int = 64) -> None:
         if capacity < 1:
             raise ValueError(f"`capacity` must be >= 1, got {capacity}")
         self.capacity = capacity
