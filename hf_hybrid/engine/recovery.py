@@ -22,6 +22,8 @@ from enum import Enum
 
 from .divergence import DivergenceLevel, DivergenceReport
 
+NONFINITE_STEP = "non-finite loss/grad norm"  # the reason of a real step that is not applied
+
 
 class RecoveryAction(str, Enum):
     """What the engine did about a step, in increasing severity."""
@@ -65,3 +67,27 @@ def choose_action(alarms: Iterable[Alarm], *, phase_open: bool, can_roll_back: b
     if level is DivergenceLevel.CAUTION:
         return RecoveryAction.SHORTEN_HORIZON
     return RecoveryAction.CONTINUE
+
+
+def describe(
+    action: RecoveryAction, alarms: Iterable[Alarm], full_steps: int, ended_phase: bool
+) -> tuple[str, bool]:
+    """The log line's account of what was done, and whether it deserves a WARNING: a rollback, an ended
+    predict phase or a skipped step does; a FULL run that stays FULL is INFO."""
+    alarms = list(alarms)
+    full = f"{full_steps} FULL steps"
+    done = {
+        RecoveryAction.CONTINUE: "carried on",
+        RecoveryAction.ROLLBACK: f"rolled back to the start of the predict phase, then {full}",
+        RecoveryAction.FORCE_FULL: f"ended the predict phase, then {full}"
+        if ended_phase
+        else f"{full} before the next predict phase",
+        RecoveryAction.SHORTEN_HORIZON: "halved the predict horizon",
+    }[action]
+    skipped = any(a.reason.startswith(NONFINITE_STEP) for a in alarms)
+    if skipped:
+        done = "skipped the optimizer step; " + done
+    notable = (
+        action is RecoveryAction.ROLLBACK or (action is RecoveryAction.FORCE_FULL and ended_phase) or skipped
+    )
+    return "; ".join(a.reason for a in alarms) + f" -> {done}", notable
