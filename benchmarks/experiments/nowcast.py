@@ -296,29 +296,58 @@ def run(
     events: list[dict] = []
     snaps: dict[int, tuple[int, torch.Tensor]] = {}
     clock = Clock()
-    branch = None
     ckpt_dir = SCRATCH / "ckpt" / spec.base_key().replace("|", "_")
 
-    # branch from the plain run's checkpoint at the first jump attempt
-    if jumping and spec.p > 0 and spec.n >= P and (ckpt_dir / f"full_{P}.pt").exists():
-        plain = store["runs"].get(Spec(spec.task, spec.schedule, spec.lr, spec.seed, spec.n, spec.warmup,
-                                       eval_every=spec.eval_every).key())  # fmt: skip
-        needed = [off for off in snap_offsets]
-        snap_file = ckpt_dir / "snaps.pt"
-        if plain is not None and snap_file.exists():
-            saved = torch.load(snap_file)
-            if all(off in saved for off in needed):
-                state = torch.load(ckpt_dir / f"full_{P}.pt")
-                model.load_state_dict(state["model"])
-                opt.load_state_dict(state["opt"])
-                pos = real = since = P
-                units = 3.0 * P
-                clock = Clock(state["cpu"])
-                snaps = {off: (off, saved[off]) for off in needed}
-                curve = [pt for pt in plain["curve"] if pt["real"] <= P]
-                branch = {"from": plain["key"], "at": P, "cpu_prefix": state["cpu"]}
+    # fast-forward: while no jump has been accepted (and nothing skipped) the run is bit-identical to the
+    # plain run at the same lr and seed, so it can resume from that run's checkpoint at its next jump
+    # attempt; the segment fast-forwarded is charged the plain run's own units and CPU time
+    plain_key = Spec(
+        spec.task, spec.schedule, spec.lr, spec.seed, spec.n, spec.warmup, eval_every=spec.eval_every
+    )
+    plain = store["runs"].get(plain_key.key()) if jumping else None
+    plain_snaps: dict[int, torch.Tensor] = {}
+    if plain is not None and (ckpt_dir / "snaps.pt").exists():
+        plain_snaps = torch.load(ckpt_dir / "snaps.pt")
+    forwarded: list[tuple[int, int]] = []
+
+    def fast_forward() -> bool:
+        nonlocal pos, real, since, units
+        if plain is None or P <= 0 or real != pos:
+            return False
+        target = pos + (P - since)
+        anchor = pos - since
+        if target + k > spec.n:  # no further attempt: the rest of the run is the plain run's
+            target = spec.n
+        wanted = [anchor + off for off in snap_offsets if pos < anchor + off <= target]
+        if any(w not in plain_snaps for w in wanted):
+            return False
+        f_to, f_from = ckpt_dir / f"full_{target}.pt", ckpt_dir / f"full_{pos}.pt"
+        if not f_to.exists() or not (pos == 0 or f_from.exists()):
+            return False
+        state = torch.load(f_to)
+        cpu_from = torch.load(f_from)["cpu"] if pos > 0 else 0.0
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        extra_units = units - 3.0 * real  # probe forwards so far
+        cpu_offset = clock.total - cpu_from
+        clock.total += state["cpu"] - cpu_from
+        units += 3.0 * (target - pos)
+        for pt in plain["curve"]:
+            if pos < pt["real"] <= target:
+                curve.append(pt | {"units": pt["units"] + extra_units, "cpu": pt["cpu"] + cpu_offset})
+        for off in snap_offsets:
+            if pos < anchor + off <= target:
+                snaps[off] = (off, plain_snaps[anchor + off])
+        forwarded.append((pos, target))
+        real += target - pos
+        since += target - pos
+        pos = target
+        return True
+
     if since == 0 and 0 in snap_offsets:
         snaps[0] = (0, flat_params(model))
+    if jumping:
+        fast_forward()
 
     def evaluate() -> None:
         running = clock._start is not None
@@ -341,7 +370,7 @@ def run(
         clock.start()
 
     saved_snaps: dict[int, torch.Tensor] = {0: flat_params(model)} if save_ckpt else {}
-    ckpt_limit = spec.n // 2
+    ckpt_limit = spec.n
     wall0 = time.time()
     clock.start()
     while pos < spec.n:
@@ -399,6 +428,10 @@ def run(
             snaps = {}
             if 0 in snap_offsets:
                 snaps[0] = (0, flat_params(model))
+            if not any(e["accepted"] for e in events):
+                clock.stop()
+                fast_forward()
+                clock.start()
             continue
 
         lr = spec.lr * multiplier(pos, spec.n, spec.warmup, spec.schedule)
@@ -425,6 +458,7 @@ def run(
                 saved_snaps[pos] = flat_params(model)
             if pos % CKPT_EVERY == 0:
                 save("full")
+            if pos % 1000 == 0 or pos == spec.n:
                 save("snaps")
         if real % spec.eval_every == 0 or pos >= spec.n:
             evaluate()
@@ -441,7 +475,7 @@ def run(
         "real": real,
         "curve": curve,
         "events": events,
-        "branch": branch,
+        "branch": {"from": plain["key"], "segments": forwarded} if forwarded else None,
         "n_params": sum(p.numel() for p in model.parameters()),
     }
 
