@@ -228,7 +228,7 @@ def _edit_state(folder, edit_entry=None, edit_tree=None):
     [
         (lambda e: e.update(format_version=99), None, r"format 99 is not supported"),
         (None, lambda t: t.pop("bandit"), r"cannot resume the hybrid engine.*'bandit'"),
-        (None, lambda t: t["predictor"].update(name="lowrank"), r"predictor state is for 'lowrank'"),
+        (None, lambda t: t["watch"]["predictor"].update(name="lowrank"), r"predictor state is for 'lowrank'"),
     ],
 )
 def test_damaged_or_newer_state_entries_are_refused(

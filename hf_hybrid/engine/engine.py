@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,29 +32,32 @@ from .bandit import HorizonBandit, default_arms, phase_reward
 from .config import EngineConfig
 from .divergence import DivergenceLevel, DivergenceMonitor
 from .guard import ParameterGuard
-from .loss_forecaster import LossForecaster
+from .loss_watch import LossWatch
 from .phases import Phase, PhaseController
 from .predict_phase import PhaseEnd, PredictPhase
 from .predictor import (
     DeltaPredictor,
     Deltas,
-    build_predictor,
     delta_dot_products,
-    predictor_class,
     resolve_predictor_name,
 )
-from .recovery import Alarm, RecoveryAction, alarms_from_report, choose_action, worst_level
+from .recovery import (
+    NONFINITE_STEP,
+    Alarm,
+    RecoveryAction,
+    alarms_from_report,
+    choose_action,
+    describe,
+    worst_level,
+)
 from .residuals import Corrector, Residual, ResidualStore
-from .sample import CoordinateSample
 from .state import FORMAT_VERSION
-from .updates import RealUpdateTracker
+from .watch import UpdateWatch
 
 logger = logging.getLogger(__name__)
 
 # The sleeping engine wakes when its confidence reaches this share of the threshold.
 WAKE_AT = 0.75
-# Losses remembered for a loss forecaster built when the engine wakes (its window plus one).
-FORECASTER_MEMORY = 33
 # Lower bound of the loss noise a predict phase is judged against, relative to the loss.
 REL_NOISE_FLOOR = 1e-3
 
@@ -116,23 +118,17 @@ class HybridEngine:
                 f"`predictor` must be a DeltaPredictor instance, got {type(predictor).__qualname__}"
             )
         self.optimizer = optimizer
-        self.predictor_name = (
-            predictor.name if predictor else resolve_predictor_name(self.config.predictor, optimizer)
+        # `dormant_every=1` asks for an engine that watches every step in full: it never sleeps
+        self.watch = UpdateWatch(
+            self.params,
+            resolve_predictor_name(self.config.predictor, optimizer),
+            self.config.predictor_kwargs,
+            optimizer,
+            self.config.seed,
+            may_sleep=s.confidence_threshold > 0 and self.config.dormant_every > 1,
+            predictor=predictor,
         )
-        self.sample = CoordinateSample({n: p.shape for n, p in self.params.items()}, self.config.seed)
-        # A given instance cannot be rebuilt for the sample, and `dormant_every=1` asks for an engine that
-        # watches every step: both keep it awake.
-        self.can_sleep = (
-            predictor is None
-            and predictor_class(self.predictor_name).supports_sampling
-            and s.confidence_threshold > 0
-            and self.config.dormant_every > 1
-        )
-        self.awake = not self.can_sleep  # a sleeping engine wakes once its sampled skill nears the threshold
-        self.predictor = predictor or self._build_predictor()
-        self.updates = RealUpdateTracker(self.params, None if self.awake else self.sample)
-        self.recent_losses: deque[tuple[float, float, float | None, int]] = deque(maxlen=FORECASTER_MEMORY)
-        self.forecaster = self._build_forecaster() if self.awake else None
+        self.losses = LossWatch(self.config.seed, awake=self.watch.awake)
         self.monitor = DivergenceMonitor(sigma=self.config.divergence_sigma)
         self.store = ResidualStore()
         self.corrector = Corrector()
@@ -150,40 +146,25 @@ class HybridEngine:
         self.peak_memory = dict(self.current_memory)  # largest after any step, by device/host
         self._memory_changed = False
 
-    def _build_predictor(self) -> DeltaPredictor:
-        """The configured predictor, for the whole parameters (awake) or their sample (asleep)."""
-        return build_predictor(
-            self.predictor_name,
-            params=self.params,
-            optimizer=self.optimizer,
-            sample=None if self.awake else self.sample,
-            **self.config.predictor_kwargs,
-        )
+    @property
+    def predictor(self) -> DeltaPredictor:
+        return self.watch.predictor
 
-    def _build_forecaster(self) -> LossForecaster:
-        """A loss forecaster trained on the losses seen so far (only an awake engine runs one)."""
-        forecaster = LossForecaster(seed=self.config.seed, train_every=4)  # ~1 ms a step on average
-        for loss, lr, grad_norm, phase_index in self.recent_losses:
-            forecaster.observe(loss, lr, grad_norm, phase_index)
-        return forecaster
+    @property
+    def predictor_name(self) -> str:
+        return self.watch.predictor_name
 
-    def _watched_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Shapes of what the predictor sees: the parameters (awake) or their sampled coordinates."""
-        if self.awake:
-            return {name: tuple(p.shape) for name, p in self.params.items()}
-        return {name: (self.sample.count(name),) for name in self.params}
-
-    def _observe_loss(self, loss: float, lr: float, grad_norm: float | None, phase: Phase) -> None:
-        self.recent_losses.append((loss, lr, grad_norm, phase.index))
-        if self.forecaster is not None:
-            self.forecaster.observe(loss, lr, grad_norm, phase.index)
+    @property
+    def awake(self) -> bool:
+        """False while the engine sleeps: buffers for a sample of the coordinates, no loss forecaster."""
+        return self.watch.awake
 
     def _update_wakefulness(self) -> None:
         """Sleep (sampled buffers, no loss forecaster) while the skill is unknown or far from the
         threshold; wake (full-size buffers) when it nears it: at `WAKE_AT` of the threshold, and back to
         sleep under half of it (the gap keeps a skill hovering near one bound from allocating and freeing
         buffers at every step). Called at WARMUP/FULL steps, when no predict phase is open."""
-        if not self.can_sleep:
+        if not self.watch.can_sleep:
             return
         s = self.config.schedule
         sleepy = self._dormant() or (
@@ -192,10 +173,8 @@ class HybridEngine:
         )
         if sleepy == (not self.awake):
             return
-        self.awake = not sleepy
-        self.updates = RealUpdateTracker(self.params, None if self.awake else self.sample)
-        self.predictor = self._build_predictor()
-        self.forecaster = self._build_forecaster() if self.awake else None
+        self.watch.set_awake(not sleepy)
+        self.losses.set_awake(not sleepy)
         self.last_predicted_loss = None
         self._memory_changed = True
         logger.info(
@@ -218,8 +197,7 @@ class HybridEngine:
         phase = self.controller.decide(confidence, self.predictor.observed, self._choose_horizon)
         if phase is Phase.PREDICT and not was_predicting:
             self._open_phase()
-        forecast = None if self.forecaster is None else self.forecaster.next_loss()
-        self.last_predicted_loss = _finite_or_none(forecast)
+        self.last_predicted_loss = _finite_or_none(self.losses.next_loss())
         measure = phase.runs_backward or self._is_checked_predict_step()
         self.plan = StepPlan(phase, measure)
         self.counters.add(f"steps_{phase.value}")
@@ -271,7 +249,7 @@ class HybridEngine:
         finite = loss is not None and math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm))
         if not finite:
             self.counters.add("nonfinite_real_steps")
-            alarms.append(Alarm(DivergenceLevel.CRITICAL, f"non-finite loss/grad norm ({loss}, {grad_norm})"))
+            alarms.append(Alarm(DivergenceLevel.CRITICAL, f"{NONFINITE_STEP} ({loss}, {grad_norm})"))
         report = self.monitor.check(loss, grad_norm, self._forecast_error(loss) if finite else None)
         alarms += alarms_from_report(report)
         steps_ahead, self.steps_since_real = self.steps_since_real + 1, 0
@@ -279,12 +257,12 @@ class HybridEngine:
             if not skip_nonfinite:  # a GradScaler must still see it (it skips non-finite steps itself)
                 optimizer_step()
                 self.guard.forget_compensation()
-                self.updates.take()
+                self.watch.updates.take()
             return self._outcome(phase, loss, False, alarms, self._recover(alarms, phase))
         # A finite step always reaches the optimizer, as in the plain Trainer; a rollback decided below
         # then restores the snapshot, so a rolled-back step ends exactly where its phase began.
         residual = self._observe_real_step(phase, record, optimizer_step, steps_ahead, alarms)
-        self._observe_loss(loss, record.learning_rate, grad_norm, phase)
+        self.losses.observe(loss, record.learning_rate, grad_norm, phase.index)
         self.last_measured_loss = loss
         action = self._recover(alarms, phase)
         if phase is Phase.CORRECT and self.phase is not None:
@@ -311,19 +289,19 @@ class HybridEngine:
         if phase is not Phase.CORRECT:
             self._update_wakefulness()
         sparse = (phase is Phase.FULL and self._dormant()) or (phase is Phase.WARMUP and self._early_warmup())
-        if sparse and self.updates.unobserved_steps + 1 < self.config.dormant_every:
+        if sparse and self.watch.updates.unobserved_steps + 1 < self.config.dormant_every:
             optimizer_step()
             self.guard.forget_compensation()
-            self.updates.skip()
+            self.watch.updates.skip()
             return None
         scored = phase is not Phase.WARMUP  # warmup only observes: no prediction to score, no cost
-        predicted, failure = self._safe_predict(steps_ahead) if scored else (None, None)
+        predicted, failure = self._guess(steps_ahead) if scored else (None, None)
         if failure is not None and self.phase is not None and self.controller.predict_remaining > 0:
             # the phase would go on predicting with a predictor that was just reset
             alarms.append(Alarm(DivergenceLevel.WARNING, failure, blames_weights=False))
         optimizer_step()
         self.guard.forget_compensation()
-        delta = self.updates.take()
+        delta = self.watch.updates.take()
         residual = None
         if scored:
             pd, pp, dd = delta_dot_products(predicted, delta)
@@ -385,11 +363,11 @@ class HybridEngine:
             alarms += alarms_from_report(self.monitor.check(loss, None, self._forecast_error(loss)))
             self.last_measured_loss = loss
             if math.isfinite(loss):
-                self._observe_loss(loss, lr, None, Phase.PREDICT)
+                self.losses.observe(loss, lr, None, Phase.PREDICT.index)
         if worst_level(alarms) >= DivergenceLevel.WARNING:  # the weights look bad already: apply nothing more
             return self._outcome(Phase.PREDICT, loss, False, alarms, self._recover(alarms, Phase.PREDICT))
         self.steps_since_real += 1
-        predicted, failure = self._safe_predict(self.steps_since_real)
+        predicted, failure = self._guess(self.steps_since_real)
         applied = False
         if failure is not None:
             alarms.append(Alarm(DivergenceLevel.CRITICAL, failure))
@@ -399,7 +377,7 @@ class HybridEngine:
             result, deltas = self.guard.apply(scaled, self.config.max_delta)
             if result.applied:
                 self.counters.add("clipped_tensors", result.clipped_tensors)
-                self.updates.shift(deltas)
+                self.watch.updates.shift(deltas)
                 applied = True
             else:
                 alarms.append(Alarm(DivergenceLevel.CRITICAL, result.reason))
@@ -407,18 +385,11 @@ class HybridEngine:
                 self.predictor.reset()
         return self._outcome(Phase.PREDICT, loss, applied, alarms, self._recover(alarms, Phase.PREDICT))
 
-    def _safe_predict(self, steps_ahead: int) -> tuple[Deltas | None, str | None]:
-        """(guess, None), or (None, why) for a predictor that raised or returned a tensor shaped unlike its
-        parameter (which would crash or silently broadcast); such a predictor is reset."""
-        try:
-            predicted = self.predictor.predict(steps_ahead)
-            _check_prediction(predicted, self._watched_shapes())
-            return predicted, None
-        except Exception as exc:  # noqa: BLE001 - any predictor failure must end in a safe fallback
-            logger.warning("hf_hybrid: predictor %r failed (%r); reset it", self.predictor_name, exc)
+    def _guess(self, steps_ahead: int) -> tuple[Deltas | None, str | None]:
+        predicted, failure = self.watch.guess(steps_ahead)
+        if failure is not None:
             self.counters.add("predictor_errors")
-            self.predictor.reset()
-            return None, f"the predictor failed ({type(exc).__name__})"
+        return predicted, failure
 
     # ---- recovery: the one place that acts on what went wrong -----------------------------------
 
@@ -442,45 +413,21 @@ class HybridEngine:
         elif action is RecoveryAction.SHORTEN_HORIZON:
             self.controller.shorten()
         if action is not RecoveryAction.CONTINUE:
-            self._log_recovery(action, alarms, step_phase, phase_was_open)
+            text, notable = describe(action, alarms, self.config.schedule.full_steps, phase_was_open)
+            step = self.controller.steps_decided
+            (logger.warning if notable else logger.info)(
+                "hf_hybrid: step %d (%s): %s: %s",
+                step,
+                step_phase.value,
+                action.value,
+                text,
+                extra={"hybrid_action": action.value, "hybrid_step": step},
+            )
         return action
-
-    def _log_recovery(
-        self, action: RecoveryAction, alarms: list[Alarm], step_phase: Phase, phase_was_open: bool
-    ) -> None:
-        """Warn only when it changes something the user would notice: a rollback, an ended predict
-        phase, a skipped step. Otherwise (a FULL run that stays FULL) it is an INFO line."""
-        skipped = any(a.reason.startswith("non-finite loss/grad norm") for a in alarms)
-        full = f"{self.config.schedule.full_steps} FULL steps"
-        done = {
-            RecoveryAction.ROLLBACK: f"rolled back to the start of the predict phase, then {full}",
-            RecoveryAction.FORCE_FULL: (
-                f"ended the predict phase, then {full}"
-                if phase_was_open
-                else f"{full} before the next predict phase"
-            ),
-            RecoveryAction.SHORTEN_HORIZON: "halved the predict horizon",
-        }[action]
-        if skipped:
-            done = "skipped the optimizer step; " + done
-        notable = (
-            action is RecoveryAction.ROLLBACK
-            or (action is RecoveryAction.FORCE_FULL and phase_was_open)
-            or skipped
-        )
-        log = logger.warning if notable else logger.info
-        log(
-            "hf_hybrid: step %d (%s): %s: %s",
-            self.controller.steps_decided,
-            step_phase.value,
-            action.value,
-            "; ".join(a.reason for a in alarms) + f" -> {done}",
-            extra={"hybrid_action": action.value, "hybrid_step": self.controller.steps_decided},
-        )
 
     def _restore_snapshot(self) -> None:
         self.guard.restore_snapshot()
-        self.updates.reset_to(self.guard.snapshot)
+        self.watch.updates.reset_to(self.guard.snapshot)
         self.corrector.penalize()
         self.counters.add("rollbacks")
 
@@ -530,8 +477,9 @@ class HybridEngine:
         """
         full = [r.loss_actual for r in self.store.recent(17, phase="full")]
         full = [x for x in full if x is not None and math.isfinite(x)]
-        if self.forecaster is not None and self.forecaster.num_observed and len(full) >= 5:
-            mean = self.forecaster.forecast(1).mean[0]
+        forecaster = self.losses.forecaster
+        if forecaster is not None and forecaster.num_observed and len(full) >= 5:
+            mean = forecaster.forecast(1).mean[0]
             changes = sorted(abs(b - a) for a, b in zip(full, full[1:], strict=False))
             # median |x_t - x_{t-1}| of Gaussian noise = 0.954 sigma
             std = max(changes[len(changes) // 2] / 0.954, REL_NOISE_FLOOR * abs(mean))
@@ -594,7 +542,7 @@ class HybridEngine:
     def confidence(self) -> float:
         """Measured: mean recent skill of the predictor, capped by the loss forecaster's calibration."""
         confidence = self.corrector.confidence(self.store)
-        if self.forecaster is not None and self.forecaster.trusted:
+        if self.losses.trusted:
             confidence = min(confidence, self._loss_calibration())
         return confidence
 
@@ -655,11 +603,7 @@ class HybridEngine:
             out[key] = float(stats[key])
         for phase, count in stats["steps_per_phase"].items():
             out[f"steps_{phase}"] = float(count)
-        if self.forecaster is not None:
-            errors = self.forecaster.errors()
-            out["dynamics_trusted"] = float(self.forecaster.trusted)
-            out["dynamics_mae"] = errors["gru_mae"]
-            out["dynamics_baseline_mae"] = min(errors["last_value_mae"], errors["ema_mae"])
+        out.update(self.losses.metrics())
         if self.last_predicted_loss is not None:
             out["predicted_loss"] = self.last_predicted_loss
         if self.last_measured_loss is not None:
@@ -669,11 +613,10 @@ class HybridEngine:
     def memory(self) -> dict[str, int]:
         """Bytes of the engine's own tensors, by where they live (`device`: an accelerator; `host`)."""
         tensors = [
-            *self.updates.last.values(),
-            *self.predictor.tensors().values(),
+            *self.watch.tensors(),
             *self.guard.snapshot.values(),
             *self.guard.compensation.values(),
-            *([] if self.forecaster is None else self.forecaster.tensors()),
+            *self.losses.tensors(),
         ]
         out = {"device": 0, "host": 0}
         for t in tensors:
@@ -699,15 +642,12 @@ class HybridEngine:
             "parameters": self.parameter_fingerprint(),
             "controller": self.controller.state_dict(),
             "bandit": self.bandit.state_dict(),
-            "predictor": self.predictor.state_dict(),
-            "awake": self.awake,
-            "forecaster": None if self.forecaster is None else self.forecaster.state_dict(),
-            "recent_losses": [list(row) for row in self.recent_losses],
+            "watch": self.watch.state_dict(),
+            "losses": self.losses.state_dict(),
             "monitor": self.monitor.state_dict(),
             "store": self.store.state_dict(),
             "corrector": self.corrector.state_dict(),
             "guard": self.guard.state_dict(),
-            "updates": self.updates.state_dict(),
             "counters": self.counters.state_dict(),
             "phase": None if self.phase is None else self.phase.state_dict(),
             "steps_since_real": self.steps_since_real,
@@ -732,22 +672,12 @@ class HybridEngine:
             raise ValueError(problem)
         self.controller.load_state_dict(state["controller"])
         self.bandit.load_state_dict(state["bandit"])
-        self.recent_losses.clear()
-        self.recent_losses.extend(tuple(row) for row in state["recent_losses"])
-        if bool(state["awake"]) != self.awake:  # rebuild the buffers of the saved mode, then fill them
-            self.awake = bool(state["awake"])
-            self.updates = RealUpdateTracker(self.params, None if self.awake else self.sample)
-            self.predictor = self._build_predictor()
-        self.forecaster = None
-        if state["forecaster"] is not None:
-            self.forecaster = self._build_forecaster()
-            self.forecaster.load_state_dict(state["forecaster"])
-        self.predictor.load_state_dict(state["predictor"])
+        self.watch.load_state_dict(state["watch"])
+        self.losses.load_state_dict(state["losses"])
         self.monitor.load_state_dict(state["monitor"])
         self.store.load_state_dict(state["store"])
         self.corrector.load_state_dict(state["corrector"])
         self.guard.load_state_dict(state["guard"])
-        self.updates.load_state_dict(state["updates"])
         self.counters.load_state_dict(state["counters"])
         self.phase = None if state["phase"] is None else PredictPhase.from_state(state["phase"])
         self.steps_since_real = int(state["steps_since_real"])
@@ -788,19 +718,6 @@ def describe_mismatch(
         "trainable parameters differ from the checkpoint's: "
         f"only in checkpoint {missing}, only in model {extra}, different shapes {reshaped}"
     )
-
-
-def _check_prediction(
-    predicted: Mapping[str, torch.Tensor] | None, shapes: Mapping[str, tuple[int, ...]]
-) -> None:
-    """Raise if a predicted update names an unknown parameter or has another shape than it should."""
-    for name, delta in (predicted or {}).items():
-        if name not in shapes:
-            raise ValueError(f"predicted update for unknown parameter {name!r}")
-        if tuple(delta.shape) != shapes[name]:
-            raise ValueError(
-                f"predicted update for {name!r} has shape {tuple(delta.shape)}, expected {shapes[name]}"
-            )
 
 
 def _finite_or_none(value: float | None) -> float | None:

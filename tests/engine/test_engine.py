@@ -248,7 +248,7 @@ class TestFullRun:
     def test_update_tracker_follows_the_parameters(self, full_run: Loop) -> None:
         engine = full_run.engine
         for name, p in full_run.params.items():
-            assert torch.equal(engine.updates.last[name], p.detach().float())
+            assert torch.equal(engine.watch.updates.last[name], p.detach().float())
 
 
 class TestValidation:
@@ -306,7 +306,7 @@ class TestInjectedLosses:
         assert loop.engine.stats()["rollbacks"] == rollbacks + 1
         assert not loop.engine.guard.has_snapshot
         for name, p in loop.params.items():
-            assert torch.equal(loop.engine.updates.last[name], p.detach().float())
+            assert torch.equal(loop.engine.watch.updates.last[name], p.detach().float())
         loop.run(3)
         assert loop.phases(-3) == [Phase.FULL] * 3
         assert all(_finite(r.after) for r in loop.records)
@@ -514,7 +514,7 @@ class TestDormant:
         assert dormant.engine.predictor.observed == 5 + 75 // 8  # warmup, then every 8th FULL step
         # asleep, it keeps the sampled coordinates only; awake (dormant_every=1), the whole parameters
         assert not dormant.engine.awake and awake.engine.awake
-        sample = dormant.engine.sample
+        sample = dormant.engine.watch.sample
         sampled = {n: sample.gather(n, e) for n, e in awake.engine.predictor.ema.items()}
         assert {n: e.shape for n, e in dormant.engine.predictor.ema.items()} == {
             n: e.shape for n, e in sampled.items()
