@@ -41,10 +41,11 @@ from .checkpoint import (
     save_timeline,
 )
 from .engine.config import EngineConfig
-from .engine.engine import HybridEngine, StepOutcome, StepPlan, StepRecord, describe_mismatch
+from .engine.engine import HybridEngine, StepOutcome, StepPlan, StepRecord
 from .engine.optimizer import HybridOptimizer
 from .engine.phases import Phase
 from .engine.predictor import DeltaPredictor
+from .engine.state import describe_mismatch
 from .hybrid_arguments import hybrid_name
 from .model_card import add_hybrid_section, card_context, render_section
 from .telemetry import (

@@ -51,7 +51,7 @@ from .recovery import (
     worst_level,
 )
 from .residuals import Corrector, Residual, ResidualStore
-from .state import FORMAT_VERSION
+from .state import FORMAT_VERSION, describe_mismatch, parameter_fingerprint
 from .watch import UpdateWatch
 
 logger = logging.getLogger(__name__)
@@ -689,35 +689,6 @@ class HybridEngine:
         self.peak_memory = {kind: int(n) for kind, n in state["peak_memory"].items()}
         self.current_memory = self.memory()
         self.plan = None
-
-
-def parameter_fingerprint(params: Mapping[str, torch.Tensor]) -> dict[str, list[int]]:
-    return {name: list(p.shape) for name, p in params.items()}
-
-
-def describe_mismatch(
-    saved_config: Mapping[str, Any],
-    saved_parameters: Mapping[str, list[int]],
-    config: EngineConfig,
-    params: Mapping[str, torch.Tensor],
-    rename: Callable[[str], str] = str,
-) -> str | None:
-    """Why a saved engine state cannot be used with this configuration and these parameters (None: it can);
-    configuration fields are named by `rename`."""
-    problem = config.describe_mismatch(saved_config, rename)
-    if problem:
-        return problem
-    shapes = parameter_fingerprint(params)
-    if dict(saved_parameters) == shapes:
-        return None
-    missing = sorted(set(saved_parameters) - set(shapes))[:3]
-    extra = sorted(set(shapes) - set(saved_parameters))[:3]
-    common = set(shapes) & set(saved_parameters)
-    reshaped = sorted(k for k in common if list(saved_parameters[k]) != shapes[k])[:3]
-    return (
-        "trainable parameters differ from the checkpoint's: "
-        f"only in checkpoint {missing}, only in model {extra}, different shapes {reshaped}"
-    )
 
 
 def _finite_or_none(value: float | None) -> float | None:

@@ -1,4 +1,5 @@
-"""Split an engine state into readable JSON and a flat dict of tensors, and join them back.
+"""The engine state's format: readable JSON and a flat dict of tensors, split and joined back; and
+whether a saved state fits this configuration and these parameters.
 
 Small state (phase, counters, bandit statistics...) belongs where people can read it
 (`trainer_state.json`); tensors belong in a safetensors file. A tensor inside the nested state is
@@ -8,9 +9,13 @@ replaced by the string `"@tensor:<flat name>"`, so the JSON says where each tens
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from .config import EngineConfig
 
 TENSOR_REF = "@tensor:"
 FORMAT_VERSION = 2  # 2: engine v2 (typed predict phase, update tracker, counters)
@@ -60,3 +65,32 @@ def join_state(tree: Any, tensors: dict[str, torch.Tensor]) -> Any:
         return node
 
     return walk(tree)
+
+
+def parameter_fingerprint(params: Mapping[str, torch.Tensor]) -> dict[str, list[int]]:
+    return {name: list(p.shape) for name, p in params.items()}
+
+
+def describe_mismatch(
+    saved_config: Mapping[str, Any],
+    saved_parameters: Mapping[str, list[int]],
+    config: EngineConfig,
+    params: Mapping[str, torch.Tensor],
+    rename: Callable[[str], str] = str,
+) -> str | None:
+    """Why a saved engine state cannot be used with this configuration and these parameters (None: it can);
+    configuration fields are named by `rename`."""
+    problem = config.describe_mismatch(saved_config, rename)
+    if problem:
+        return problem
+    shapes = parameter_fingerprint(params)
+    if dict(saved_parameters) == shapes:
+        return None
+    missing = sorted(set(saved_parameters) - set(shapes))[:3]
+    extra = sorted(set(shapes) - set(saved_parameters))[:3]
+    common = set(shapes) & set(saved_parameters)
+    reshaped = sorted(k for k in common if list(saved_parameters[k]) != shapes[k])[:3]
+    return (
+        "trainable parameters differ from the checkpoint's: "
+        f"only in checkpoint {missing}, only in model {extra}, different shapes {reshaped}"
+    )
