@@ -414,6 +414,8 @@ def run(
                     set_flat(model, best)
                     if spec.accounting == "replace":
                         pos += k
+                    evaluate()  # diagnostic only (not charged): the eval loss right after the jump
+                    curve[-1]["after_jump"] = True
                 else:
                     set_flat(model, current)
                 ev["accepted"] = bool(accepted)
