@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the tests that touch Trainer internals against each transformers release in the supported range.
 #
-#   scripts/transformers_range.sh [VERSION ...]      # default: the three newest 5.x minors tested below
+#   scripts/transformers_range.sh [VERSION ...]      # default: the newest release of each minor in the pin
 #
 # Each version is installed (without dependencies) into its own folder under .transformers-range/ and put
 # first on PYTHONPATH of the project's venv (.venv, made by the README's test command), so everything else
@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
 versions=("$@")
-[ ${#versions[@]} -gt 0 ] || versions=(5.22.2 5.23.0 5.24.0)
+[ ${#versions[@]} -gt 0 ] || versions=(5.19.0 5.20.2 5.21.1 5.22.2 5.23.0 5.24.0)
 tests=(tests/test_trainer_fidelity.py tests/test_trainer_phases.py tests/test_checkpoint.py tests/test_args.py
        tests/test_peft.py tests/test_precision.py tests/test_telemetry.py tests/test_extension_api.py)
 status=0

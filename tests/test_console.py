@@ -1,0 +1,35 @@
+"""What a user sees on the console: the plain Trainer's log lines with one compact hybrid entry, and a
+summary at the end that says what happened and, when nothing was predicted, why."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import hybrid_trainer
+
+
+@pytest.mark.parametrize("disable_tqdm", [True, False], ids=["printer", "tqdm"])
+def test_the_console_shows_a_compact_entry_and_a_summary(tmp_path, capsys, disable_tqdm):
+    trainer = hybrid_trainer(
+        tmp_path, max_steps=30, logging_steps=10, disable_tqdm=disable_tqdm, hybrid_confidence_threshold=0.99
+    )
+    trainer.train()
+    captured = capsys.readouterr()
+    console = captured.out + captured.err
+    assert "'hybrid': 'warmup, 0% backward skipped'" in console
+    assert "'hybrid': 'full, 0% backward skipped'" in console
+    assert "hybrid/" not in console  # the full keys went to the log history, not the console
+    assert "hybrid/phase" in trainer.state.log_history[0]
+    summary = next(line for line in console.splitlines() if line.startswith("hf_hybrid: 30 steps"))
+    assert "(10 warmup, 20 full)" in summary and "0 backward passes skipped" in summary
+    assert "No predict phase opened: the highest measured confidence was" in summary
+    assert "under the threshold 0.99 (`hybrid_confidence_threshold`)" in summary
+
+
+def test_full_console_metrics_print_every_key(tmp_path, capsys):
+    trainer = hybrid_trainer(
+        tmp_path, max_steps=12, logging_steps=6, disable_tqdm=True, hybrid_console_metrics="full"
+    )
+    trainer.train()
+    console = capsys.readouterr().out
+    assert "'hybrid/phase'" in console and "'hybrid/backward_skipped_fraction'" in console
+    assert "'hybrid':" not in console
