@@ -75,51 +75,55 @@ def save_engine_state(
     }
 
 
+_HINT = "set `hybrid_restart_engine=True` to resume with a fresh engine instead"
+
+
+def _verified_file(
+    entry: dict[str, Any], folder: str | os.PathLike, name_key: str, default: str, sha_key: str
+) -> Path:
+    """The path of one of the entry's files, present and matching its recorded checksum."""
+    path = Path(folder) / entry.get(name_key, default)
+    if not path.is_file():
+        raise HybridCheckpointError(f"{path} is missing but trainer_state.json has a hybrid state; {_HINT}")
+    expected = (entry.get("sha256") or {}).get(sha_key)
+    if expected is not None and _sha256(path) != expected:
+        raise HybridCheckpointError(f"{path} is corrupt or truncated (checksum mismatch); {_HINT}")
+    return path
+
+
 def read_engine_tree(entry: dict[str, Any], folder: str | os.PathLike) -> dict[str, Any]:
     """The readable engine state (tensors still as references), checked against the entry's checksum."""
-    hint = "set `hybrid_restart_engine=True` to resume with a fresh engine instead"
-    _check_version(entry, folder, hint)
-    path = Path(folder) / entry.get("state_file", HYBRID_STATE_JSON)
-    if not path.is_file():
-        raise HybridCheckpointError(f"{path} is missing but trainer_state.json has a hybrid state; {hint}")
-    expected = (entry.get("sha256") or {}).get("state")
-    if expected is not None and _sha256(path) != expected:
-        raise HybridCheckpointError(f"{path} is corrupt or truncated (checksum mismatch); {hint}")
+    _check_version(entry, folder)
+    path = _verified_file(entry, folder, "state_file", HYBRID_STATE_JSON, "state")
     try:
         tree = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise HybridCheckpointError(f"{path} cannot be read ({exc}); {hint}") from exc
+        raise HybridCheckpointError(f"{path} cannot be read ({exc}); {_HINT}") from exc
     if not isinstance(tree, dict):
-        raise HybridCheckpointError(f"{path} does not hold an engine state; {hint}")
+        raise HybridCheckpointError(f"{path} does not hold an engine state; {_HINT}")
     return tree
 
 
 def load_engine_state(entry: dict[str, Any], folder: str | os.PathLike) -> dict[str, Any]:
     """Rebuild the engine state from the checkpoint's files, or raise HybridCheckpointError."""
-    hint = "set `hybrid_restart_engine=True` to resume with a fresh engine instead"
     tree = read_engine_tree(entry, folder)
-    path = Path(folder) / entry.get("tensor_file", HYBRID_STATE_FILE)
-    if not path.is_file():
-        raise HybridCheckpointError(f"{path} is missing but trainer_state.json has a hybrid state; {hint}")
-    expected = (entry.get("sha256") or {}).get("tensors")
-    if expected is not None and _sha256(path) != expected:
-        raise HybridCheckpointError(f"{path} is corrupt or truncated (checksum mismatch); {hint}")
+    path = _verified_file(entry, folder, "tensor_file", HYBRID_STATE_FILE, "tensors")
     try:
         tensors = load_file(str(path))
     except Exception as exc:  # safetensors raises several types for damaged files
-        raise HybridCheckpointError(f"{path} cannot be read ({exc}); {hint}") from exc
+        raise HybridCheckpointError(f"{path} cannot be read ({exc}); {_HINT}") from exc
     try:
         return join_state(tree, tensors)
     except (KeyError, TypeError) as exc:
-        raise HybridCheckpointError(f"{folder}: the hybrid state is damaged ({exc}); {hint}") from exc
+        raise HybridCheckpointError(f"{folder}: the hybrid state is damaged ({exc}); {_HINT}") from exc
 
 
-def _check_version(entry: dict[str, Any], folder: str | os.PathLike, hint: str) -> None:
+def _check_version(entry: dict[str, Any], folder: str | os.PathLike) -> None:
     version = entry.get("format_version")
     if version != FORMAT_VERSION:
         raise HybridCheckpointError(
             f"{folder}: hybrid state format {version!r} is not supported (this hf_hybrid reads "
-            f"{FORMAT_VERSION}); upgrade hf_hybrid or {hint}"
+            f"{FORMAT_VERSION}); upgrade hf_hybrid or {_HINT}"
         )
 
 
