@@ -202,8 +202,10 @@ def _plot(runs, frontiers, lr, n, out: Path) -> None:
         if s["seed"] != 0 or s["method"] == "plain" or s["n"] != n or s["lr"] != lr:
             continue
         label = f"{s['method']}/{s['accounting']} k={s['k']}" + (f" skips={s['skips']}" if s["skips"] else "")
-        ax.plot([pt["units"] for pt in r["curve"]], [pt["loss"] for pt in r["curve"]], ".-", alpha=0.6)
-        ax.plot([r["units"]], [r["final_loss"]], "x", label=label)
+        (line,) = ax.plot(
+            [pt["units"] for pt in r["curve"]], [pt["loss"] for pt in r["curve"]], ".-", alpha=0.5
+        )
+        ax.plot([r["units"]], [r["final_loss"]], "x", color=line.get_color(), label=label, markersize=9)
     lo = min(p[1] for p in pts)
     ax.set_ylim(lo - 0.03, lo + 0.25)
     ax.set_xlabel("compute units (real step 3, probe forward 1)")
