@@ -33,3 +33,26 @@ def test_full_console_metrics_print_every_key(tmp_path, capsys):
     console = capsys.readouterr().out
     assert "'hybrid/phase'" in console and "'hybrid/backward_skipped_fraction'" in console
     assert "'hybrid':" not in console
+
+
+def test_a_run_that_never_predicts_logs_no_warning_even_on_a_loss_spike(tmp_path, caplog):
+    """A spike at a FULL step makes the engine wait FULL steps before any predict phase: nothing a user
+    must act on, so it is an INFO line that names the action, not a WARNING."""
+    trainer = hybrid_trainer(tmp_path, max_steps=40, hybrid_confidence_threshold=0.99)
+    fired = []
+
+    def spike(module, inputs, output):
+        if trainer.state.global_step == 30 and not fired:
+            fired.append(True)
+            output.loss = output.loss * 5.0
+        return output
+
+    trainer.model.register_forward_hook(spike)
+    with caplog.at_level("INFO", logger="hf_hybrid"):
+        trainer.train()
+    assert fired and trainer.hybrid_stats()["predict_phases"] == 0
+    ours = [r for r in caplog.records if r.name.startswith("hf_hybrid")]
+    assert [r.getMessage() for r in ours if r.levelname == "WARNING"] == []
+    actions = [r for r in caplog.records if getattr(r, "hybrid_action", None)]
+    assert actions and all(r.levelname == "INFO" for r in actions)
+    assert any("FULL steps before the next predict phase" in r.getMessage() for r in actions)
