@@ -675,11 +675,63 @@ def report(opts, path: Path) -> None:
             f"{r['cpu_seconds']:.0f} | {r['units']:.0f} | {fmt_speed(data, r, 'cpu_seconds')} | "
             f"{fmt_speed(data, r, 'units')} | {r['frozen_at'] or ''} |"
         )
+    lines += summary(data)
     text = "\n".join(lines) + "\n"
     out = path.with_name(path.stem + "_tables.md")
     out.write_text(text)
     print(text)
     plot(data, path.with_name(path.stem + ".png"))
+
+
+def summary(data) -> list[str]:
+    """One row per configuration (spec without the seed): loss, speed-ups per seed and their medians."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in data["runs"]:
+        s = r["spec"]
+        if s["budget"] != 1.0 or (s["method"] == "plain" and s["lr"] != plain_best_lr(data)):
+            continue
+        groups.setdefault(key({k: v for k, v in s.items() if k != "seed"}), []).append(r)
+    lines = [
+        "",
+        "Summary (full budget; per seed 0/1/2; median over the seeds run):",
+        "",
+        "| method | lr | frozen / policy | eval loss | x CPU time | x units | median CPU | median units "
+        "| pooled CPU | pooled units |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    lr = plain_best_lr(data)
+    pooled: dict[str, list[tuple[float, float]]] = {}
+    for clock in ("cpu_seconds", "units"):  # the seeds' mean plain cost and loss at each budget
+        for b in BUDGETS:
+            rr = [find(data, method="plain", seed=seed, lr=lr, budget=b) for seed in SEEDS]
+            if all(rr):
+                mean_cost = statistics.fmean(x[0][clock] for x in rr)
+                pooled.setdefault(clock, []).append(
+                    (mean_cost, statistics.fmean(x[0]["eval_loss"] for x in rr))
+                )
+    for runs in groups.values():
+        runs = sorted(runs, key=lambda r: r["spec"]["seed"])
+        s = runs[0]["spec"]
+        what = s.get("policy", s.get("frozen", ""))
+        cpu = [speed(data, r, "cpu_seconds") for r in runs]
+        units = [speed(data, r, "units") for r in runs]
+        losses = " / ".join(f"{r['eval_loss']:.4f}" for r in runs)
+
+        def pooled_speed(clock: str, runs=runs) -> str:  # mean loss and cost of 3 seeds on the mean frontier
+            if len(runs) < len(SEEDS) or len(pooled.get(clock, [])) < len(BUDGETS):
+                return "–"
+            mean_loss = statistics.fmean(r["eval_loss"] for r in runs)
+            sp = speedup(pooled[clock], mean_loss, statistics.fmean(r[clock] for r in runs))
+            return {"lower_bound": ">", "upper_bound": "<"}.get(sp.kind, "") + f"{sp.ratio:.2f}x"
+
+        lines.append(
+            f"| {s['method']} | {s['lr']:.2g} | {what} | {losses} | "
+            f"{' / '.join(fmt_speed(data, r, 'cpu_seconds') for r in runs)} | "
+            f"{' / '.join(fmt_speed(data, r, 'units') for r in runs)} | "
+            f"{statistics.median(cpu):.2f}x | {statistics.median(units):.2f}x | "
+            f"{pooled_speed('cpu_seconds')} | {pooled_speed('units')} |"
+        )
+    return lines
 
 
 def plot(data, out: Path) -> None:
