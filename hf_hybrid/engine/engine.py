@@ -51,7 +51,8 @@ from .recovery import (
     worst_level,
 )
 from .residuals import Corrector, Residual, ResidualStore
-from .state import FORMAT_VERSION, describe_mismatch, parameter_fingerprint
+from .sharding import ShardGroup
+from .state import FORMAT_VERSION, describe_mismatch, describe_sharding_mismatch, parameter_fingerprint
 from .watch import UpdateWatch
 
 logger = logging.getLogger(__name__)
@@ -107,6 +108,7 @@ class HybridEngine:
         if not params:
             raise ValueError("HybridEngine needs at least one trainable parameter; the model has none")
         self.params = dict(params)
+        self.shards = ShardGroup.of(self.params)  # FSDP2's sharded DTensors, or none
         self.probe = probe
         s = self.config.schedule
         self.controller = PhaseController(s)
@@ -127,12 +129,13 @@ class HybridEngine:
             self.config.seed,
             may_sleep=s.confidence_threshold > 0 and self.config.dormant_every > 1,
             predictor=predictor,
+            shards=self.shards,
         )
         self.losses = LossWatch(self.config.seed, awake=self.watch.awake)
         self.monitor = DivergenceMonitor(sigma=self.config.divergence_sigma)
         self.store = ResidualStore()
         self.corrector = Corrector()
-        self.guard = ParameterGuard(self.params, self.config.snapshot_device)
+        self.guard = ParameterGuard(self.params, self.config.snapshot_device, self.shards)
         self.counters = StepCounters()
         self.phase: PredictPhase | None = None
         self.plan: StepPlan | None = None
@@ -304,7 +307,7 @@ class HybridEngine:
         delta = self.watch.updates.take()
         residual = None
         if scored:
-            pd, pp, dd = delta_dot_products(predicted, delta)
+            pd, pp, dd = self.shards.sum(delta_dot_products(predicted, delta))  # whole-tensor sums
             if not (math.isfinite(pd) and math.isfinite(pp)):
                 logger.warning(
                     "hf_hybrid: predictor %r produced a non-finite guess; reset it", self.predictor_name
@@ -633,7 +636,11 @@ class HybridEngine:
         return parameter_fingerprint(self.params)
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue exactly, mid-phase included (tensors and plain values)."""
+        """Everything needed to continue exactly, mid-phase included (tensors and plain values).
+
+        With sharded parameters the tensors are this rank's shards and `sharding` records the world size
+        and the rank: each rank saves its own state, and it loads back only on the same rank of the same
+        world size (resharding a predictor's buffers or a snapshot is not supported)."""
         if self.plan is not None:
             raise RuntimeError("cannot save the engine in the middle of an optimizer step")
         return {
@@ -657,6 +664,7 @@ class HybridEngine:
             "max_confidence": self.max_confidence,
             "seconds": self.seconds,
             "peak_memory": dict(self.peak_memory),
+            **({"sharding": self.shards.describe()} if self.shards.sharded else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -667,7 +675,8 @@ class HybridEngine:
                 f"hybrid state format version {version!r} is not supported by this hf_hybrid "
                 f"(supports {FORMAT_VERSION}); upgrade hf_hybrid or start the engine fresh"
             )
-        problem = describe_mismatch(state["config"], state["parameters"], self.config, self.params)
+        problem = describe_sharding_mismatch(state.get("sharding"), self.shards.describe())
+        problem = problem or describe_mismatch(state["config"], state["parameters"], self.config, self.params)
         if problem:
             raise ValueError(problem)
         self.controller.load_state_dict(state["controller"])

@@ -4,14 +4,21 @@ Applying a delta is all-or-nothing: every tensor is checked before any is writte
 delta leaves the model exactly as it was. The arithmetic is fp32; for low-precision parameters the
 rounding error of each write is carried to the next one (compensated summation), so updates smaller
 than one bf16 ulp are not silently lost.
+
+With sharded parameters (see `sharding.py`) the snapshot, the compensation and the writes are per shard,
+and the whole-tensor quantities of the checks (the parameter's norm and rms, the clipped delta's norm,
+"is any element non-finite") are shard sums added over the ranks, so every rank applies or refuses alike.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
+
+from .sharding import ShardGroup, local
 
 
 @dataclass(frozen=True)
@@ -44,10 +51,16 @@ def clip_to_trust_region(
 class ParameterGuard:
     """Owns the trainable parameters' safety state: snapshot, compensation buffers, delta application."""
 
-    def __init__(self, params: Mapping[str, torch.Tensor], snapshot_device: str = "same") -> None:
+    def __init__(
+        self,
+        params: Mapping[str, torch.Tensor],
+        snapshot_device: str = "same",
+        shards: ShardGroup | None = None,
+    ) -> None:
         if snapshot_device not in ("same", "cpu"):
             raise ValueError(f"`snapshot_device` must be 'same' or 'cpu', got {snapshot_device!r}")
         self.params = dict(params)
+        self.shards = shards or ShardGroup()
         self.snapshot_device = snapshot_device
         self.snapshot: dict[str, torch.Tensor] = {}
         self.compensation: dict[str, torch.Tensor] = {}
@@ -58,7 +71,8 @@ class ParameterGuard:
 
     def take_snapshot(self) -> None:
         """Copy the trainable parameters (once per predict phase; rollback returns here)."""
-        for name, p in self.params.items():
+        for name, whole in self.params.items():
+            p = local(whole)
             target = p.device if self.snapshot_device == "same" else torch.device("cpu")
             buf = self.snapshot.get(name)
             if buf is None or buf.device != target:
@@ -72,7 +86,7 @@ class ParameterGuard:
         if not self.snapshot:
             raise RuntimeError("restore_snapshot() called with no snapshot taken")
         for name, p in self.params.items():
-            p.copy_(self.snapshot[name])
+            local(p).copy_(self.snapshot[name])
         self.compensation.clear()
 
     def drop_snapshot(self) -> None:
@@ -90,6 +104,8 @@ class ParameterGuard:
         unknown = set(deltas) - set(self.params)
         if unknown:
             return ApplyResult(False, reason=f"delta for unknown parameters {sorted(unknown)[:3]}"), {}
+        if self.shards.sharded:
+            return self._apply_sharded(deltas, max_delta)
         clipped_count = 0
         final: dict[str, torch.Tensor] = {}
         for name, delta in deltas.items():
@@ -114,6 +130,66 @@ class ParameterGuard:
                 self.compensation[name] = target - p.float()
         return ApplyResult(True, clipped_tensors=clipped_count), final
 
+    def _apply_sharded(
+        self, deltas: Mapping[str, torch.Tensor], max_delta: float
+    ) -> tuple[ApplyResult, dict[str, torch.Tensor]]:
+        """`apply` on this rank's shards, with `clip_to_trust_region`'s caps taken over whole tensors.
+
+        Three all-reduces, each batched over all tensors (each needs the one before: the element cap
+        needs the parameter's rms, the tensor cap the element-clipped delta's norm, the last check the
+        final delta). A refusal names the first tensor, in the parameters' order, that any rank refused.
+        """
+        names = [name for name in self.params if name in deltas]  # the same order on every rank
+        shards = {name: local(self.params[name]) for name in names}
+        theta = {name: shards[name].detach().float() for name in names}
+        wrong = {name: deltas[name].shape != shards[name].shape for name in names}
+        delta = {
+            name: deltas[name].to(device=theta[name].device, dtype=torch.float32)
+            for name in names
+            if not wrong[name]
+        }
+        stage = self.shards.sum(
+            [theta[n].pow(2).sum() for n in names]
+            + [float(wrong[n]) for n in names]
+            + [float(not wrong[n] and not bool(torch.isfinite(delta[n]).all())) for n in names]
+        )
+        k = len(names)
+        theta_sq, wrong_any, nonfinite_any = stage[:k], stage[k : 2 * k], stage[2 * k :]
+        for name, bad_shape, bad_value in zip(names, wrong_any, nonfinite_any, strict=True):
+            if bad_shape:
+                return ApplyResult(False, reason=f"delta shape does not match the shard of {name}"), {}
+            if bad_value:
+                return ApplyResult(False, reason=f"non-finite predicted delta for {name}"), {}
+        clipped: dict[str, torch.Tensor] = {}
+        for name, sq in zip(names, theta_sq, strict=True):
+            rms = math.sqrt(sq / max(self.params[name].numel(), 1))
+            cap = theta[name].abs().clamp_min(rms) * max_delta
+            clipped[name] = torch.maximum(torch.minimum(delta[name], cap), -cap)
+        stage = self.shards.sum(
+            [clipped[n].pow(2).sum() for n in names]
+            + [float(not torch.equal(clipped[n], delta[n])) for n in names]
+        )
+        clipped_count = 0
+        for name, sq, theta_sq_n, changed in zip(names, stage[:k], theta_sq, stage[k:], strict=True):
+            norm, tensor_cap = math.sqrt(sq), max_delta * math.sqrt(theta_sq_n)
+            scaled = norm > tensor_cap > 0
+            if scaled:
+                clipped[name] = clipped[name] * (tensor_cap / norm)
+            clipped_count += int(scaled or changed > 0)
+        targets = {name: self._target(name, shards[name], clipped[name]) for name in names}
+        nonfinite = self.shards.sum(
+            [float(not bool(torch.isfinite(targets[n].to(shards[n].dtype)).all())) for n in names]
+        )
+        for name, bad in zip(names, nonfinite, strict=True):
+            if bad:
+                return ApplyResult(False, reason=f"update would make {name} non-finite"), {}
+        for name in names:
+            p, target = shards[name], targets[name]
+            p.copy_(target)
+            if p.dtype != torch.float32:
+                self.compensation[name] = target - p.float()
+        return ApplyResult(True, clipped_tensors=clipped_count), clipped
+
     def _target(self, name: str, p: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """The fp32 value the parameter should take, with the carried rounding error of its last write."""
         target = p.detach().float() + delta
@@ -133,15 +209,16 @@ class ParameterGuard:
         """Restore a saved snapshot and carried rounding errors onto the parameters' devices."""
         snapshot, compensation = state["snapshot"], state["compensation"]
         for name, saved in (*snapshot.items(), *compensation.items()):
-            if name not in self.params or saved.shape != self.params[name].shape:
+            if name not in self.params or saved.shape != local(self.params[name]).shape:
                 raise ValueError(f"saved guard buffer {name!r} does not match a trainable parameter")
+        shards = {n: local(p) for n, p in self.params.items()}
         device = {
             n: (p.device if self.snapshot_device == "same" else torch.device("cpu"))
-            for n, p in self.params.items()
+            for n, p in shards.items()
         }
-        self.snapshot = {n: t.to(device[n], dtype=self.params[n].dtype).clone() for n, t in snapshot.items()}
+        self.snapshot = {n: t.to(device[n], dtype=shards[n].dtype).clone() for n, t in snapshot.items()}
         self.compensation = {
-            n: t.to(self.params[n].device, torch.float32).clone() for n, t in compensation.items()
+            n: t.to(shards[n].device, torch.float32).clone() for n, t in compensation.items()
         }
 
     def nbytes(self) -> int:

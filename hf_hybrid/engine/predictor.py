@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import torch
 
 from .sample import CoordinateSample
+from .sharding import local
 
 Deltas = dict[str, torch.Tensor]
 
@@ -49,11 +50,18 @@ class DeltaPredictor(ABC):
     coordinates instead of parameter-shaped ones (a predictor with `needs_optimizer` reads its inputs at
     `sample.gather(name, tensor)`). Element-wise and shape-agnostic predictors need nothing for this; one
     that needs the full shapes sets `supports_sampling = False`, and the engine then never sleeps.
+
+    With sharded parameters (FSDP2) `observe`/`predict` see this rank's shard of each tensor (what
+    `sharding.local` returns), and the prediction is written into that shard. That is exact for a
+    predictor whose guess for a coordinate uses only that coordinate's history; one that mixes
+    coordinates of a tensor (a norm, a Gram matrix) would guess differently per shard than whole, so it
+    sets `supports_sharding = False` and the engine refuses it under sharding.
     """
 
     name: ClassVar[str]
     needs_optimizer: ClassVar[bool] = False
     supports_sampling: ClassVar[bool] = True
+    supports_sharding: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self.observed = 0
@@ -255,9 +263,11 @@ class LowRankPredictor(DeltaPredictor):
     The subspace comes from the small (window x window) Gram matrix of the recent updates, so no
     SVD of a large matrix is needed. The coefficient series is fit by a least-squares line and read
     `steps_ahead` past its end, shrunk by `decay`**steps_ahead (extrapolating a line overshoots).
+    The Gram matrix is a sum over the whole tensor, so a shard alone cannot compute it: not sharded.
     """
 
     name = "lowrank"
+    supports_sharding = False
 
     def __init__(self, window: int = 8, rank: int = 2, decay: float = 0.9) -> None:
         super().__init__()
@@ -388,7 +398,9 @@ class AdamReplayPredictor(DeltaPredictor):
         return out or None
 
     def _read(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.detach() if self.sample is None else self.sample.gather(name, tensor)
+        """The parameter's or its optimizer state's values here: its shard, or the shard's sample."""
+        tensor = local(tensor).detach()
+        return tensor if self.sample is None else self.sample.gather(name, tensor)
 
     def reset(self) -> None:
         self.observed = 0

@@ -10,6 +10,13 @@ a prime stride (so rows of a matrix are not sampled in lockstep) and at most `ma
 It is a strided view, not an index tensor, so it costs no memory of its own; it depends only on the
 seed, the name and the shape, so every rank samples the same coordinates and a resumed run recomputes
 it exactly.
+
+Sharded parameters (see `sharding.py`): the sample is defined on the whole tensor's flattened
+coordinates, and each rank gathers the sampled coordinates that fall in its shard (`ranges`: the
+shard's [start, stop) in the flattened whole tensor). A `Shard(0)` shard is a contiguous range, so this
+is still a strided view of the local tensor, and the union of the ranks' samples is exactly the sample
+one process takes: the sums of the skill, all-reduced, are the single process's sums (up to the order
+of float additions), so a sharded run sleeps, wakes and scores like an unsharded one.
 """
 
 from __future__ import annotations
@@ -42,25 +49,34 @@ class CoordinateSample:
         seed: int,
         stride: int = DEFAULT_STRIDE,
         max_per_tensor: int = DEFAULT_MAX_PER_TENSOR,
+        ranges: Mapping[str, tuple[int, int]] | None = None,
     ) -> None:
+        """`shapes`: the whole tensors' shapes; `ranges`: the part of each held here (default: all)."""
         self.seed = seed
-        self.layout: dict[str, tuple[int, int, int]] = {}  # name -> (offset, stride, numel)
+        self.layout: dict[str, tuple[int, int, int]] = {}  # name -> (offset, stride, numel) of the whole
+        self.ranges: dict[str, tuple[int, int]] = {}  # name -> [start, stop) held here, in the whole
         for name, shape in shapes.items():
             numel = math.prod(shape)
             step = _next_prime(max(stride, math.ceil(numel / max_per_tensor)))
             offset = zlib.crc32(f"{seed}:{name}".encode()) % min(step, numel) if numel else 0
             self.layout[name] = (offset, step, numel)
+            self.ranges[name] = (0, numel) if ranges is None else tuple(ranges[name])
+
+    def _first(self, name: str) -> int:
+        """The first sampled index of the whole tensor at or after the start of the part held here."""
+        offset, step, _ = self.layout[name]
+        start = self.ranges[name][0]
+        return offset + max(0, -(-(start - offset) // step)) * step
 
     def gather(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        offset, step, _ = self.layout[name]
-        return tensor.detach().reshape(-1)[offset::step]
+        """The sampled coordinates of `tensor`: the whole tensor, or the shard that `ranges` describes."""
+        return tensor.detach().reshape(-1)[self._first(name) - self.ranges[name][0] :: self.layout[name][1]]
 
     def count(self, name: str) -> int:
-        offset, step, numel = self.layout[name]
-        return len(range(offset, numel, step))
+        return len(range(self._first(name), self.ranges[name][1], self.layout[name][1]))
 
     @property
     def fraction(self) -> float:
-        """Share of all coordinates that are sampled."""
-        total = sum(numel for _, _, numel in self.layout.values())
+        """Share of the coordinates held here that are sampled."""
+        total = sum(stop - start for start, stop in self.ranges.values())
         return sum(self.count(name) for name in self.layout) / max(total, 1)

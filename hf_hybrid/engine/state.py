@@ -71,6 +71,29 @@ def parameter_fingerprint(params: Mapping[str, torch.Tensor]) -> dict[str, list[
     return {name: list(p.shape) for name, p in params.items()}
 
 
+def describe_sharding_mismatch(
+    saved: Mapping[str, int] | None, current: Mapping[str, int] | None
+) -> str | None:
+    """Why a state saved under one sharding cannot be loaded under another (None: it can).
+
+    A sharded state holds one rank's shards of the buffers and the snapshot; another world size splits
+    the parameters differently, and another rank holds other rows. Unsharded is world size 1."""
+    saved_size, current_size = (1 if s is None else int(s["world_size"]) for s in (saved, current))
+    if saved_size != current_size:
+        return (
+            f"the hybrid engine state was saved with its parameters sharded over a world size of "
+            f"{saved_size}, and this run has a world size of {current_size}: the per-rank engine state "
+            "cannot be resharded. Resume on the same number of processes, or start the engine afresh "
+            "(`hybrid_restart_engine=True`; with HybridEngine, build a new engine instead of loading)"
+        )
+    if saved is not None and current is not None and int(saved["rank"]) != int(current["rank"]):
+        return (
+            f"this hybrid engine state holds the shards of rank {saved['rank']}, and this process is rank "
+            f"{current['rank']}: load each rank's own state file"
+        )
+    return None
+
+
 def describe_mismatch(
     saved_config: Mapping[str, Any],
     saved_parameters: Mapping[str, list[int]],

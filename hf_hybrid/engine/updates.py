@@ -5,6 +5,7 @@ The tracker keeps an fp32 copy of the parameters as they were at the last observ
 the update per step since then (averaged over the real steps it was not asked about, which is how the
 dormant engine observes only every n-th step) and refreshes the copy. Predicted updates and rollbacks
 move the copy too (`shift`, `reset_to`), so they never count as something the optimizer did.
+With sharded parameters everything here is per shard: the copy is of this rank's shard (`local`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from .predictor import Deltas
 from .sample import CoordinateSample
+from .sharding import local
 
 
 class RealUpdateTracker:
@@ -26,6 +28,7 @@ class RealUpdateTracker:
         self.unobserved_steps = 0  # real steps since the last take() that were not observed
 
     def _view(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        tensor = local(tensor)
         return tensor.detach() if self.sample is None else self.sample.gather(name, tensor)
 
     def skip(self) -> None:

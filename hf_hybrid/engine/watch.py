@@ -5,7 +5,7 @@ Awake, both cover the whole trainable parameters. Asleep — while the guesses a
 cover only a seeded sample of the coordinates (`CoordinateSample`): the skill of a guess is a ratio of
 sums over coordinates, so the sample estimates it, and the engine keeps no full-size buffer. Switching
 rebuilds the tracker and the predictor for the new extent (a predictor starts over: its history was of
-the other extent).
+the other extent). With sharded parameters both cover this rank's shard (or its part of the sample).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 
 from .predictor import DeltaPredictor, Deltas, build_predictor, predictor_class
 from .sample import CoordinateSample
+from .sharding import ShardGroup, local
 from .updates import RealUpdateTracker
 
 logger = logging.getLogger(__name__)
@@ -39,15 +40,23 @@ class UpdateWatch:
         seed: int,
         may_sleep: bool,
         predictor: DeltaPredictor | None = None,
+        shards: ShardGroup | None = None,
     ) -> None:
         self.params = dict(params)
         self.optimizer = optimizer
+        self.shards = shards or ShardGroup()
         self.predictor_name = predictor.name if predictor is not None else predictor_name
         self.predictor_kwargs = dict(predictor_kwargs)
-        self.sample = CoordinateSample({n: p.shape for n, p in self.params.items()}, seed)
+        ranges = {n: self.shards.flat_range(p) for n, p in self.params.items()}
+        self.sample = CoordinateSample({n: p.shape for n, p in self.params.items()}, seed, ranges=ranges)
         self.can_sleep = may_sleep and predictor is None and predictor_class(predictor_name).supports_sampling
         self.awake = not self.can_sleep
         self.predictor = predictor or self._build_predictor()
+        if self.shards.sharded and not type(self.predictor).supports_sharding:
+            raise ValueError(
+                f"predictor {self.predictor_name!r} mixes the coordinates of a tensor and cannot run on "
+                "sharded parameters (FSDP); use one that sets `supports_sharding`, e.g. 'ema' or 'adam'"
+            )
         self.updates = RealUpdateTracker(self.params, None if self.awake else self.sample)
 
     def _build_predictor(self) -> DeltaPredictor:
@@ -66,22 +75,27 @@ class UpdateWatch:
         self.predictor = self._build_predictor()
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
-        """What a guess must look like: the parameters' shapes, or the sampled coordinates' counts."""
+        """What a guess must look like: the parameters' (local) shapes, or the sampled coordinates' counts."""
         if self.awake:
-            return {name: tuple(p.shape) for name, p in self.params.items()}
+            return {name: tuple(local(p).shape) for name, p in self.params.items()}
         return {name: (self.sample.count(name),) for name in self.params}
 
     def guess(self, steps_ahead: int) -> tuple[Deltas | None, str | None]:
         """(guess, None), or (None, why) for a predictor that raised or returned a tensor of another
-        shape than it should (which would crash or silently broadcast); such a predictor is reset."""
+        shape than it should (which would crash or silently broadcast); such a predictor is reset.
+        Sharded, a failure on any rank is a failure on all (one all-reduce), so all take the same path."""
+        failure = None
         try:
             predicted = self.predictor.predict(steps_ahead)
             _check_guess(predicted, self.shapes())
-            return predicted, None
         except Exception as exc:  # noqa: BLE001 - any predictor failure must end in a safe fallback
             logger.warning("hf_hybrid: predictor %r failed (%r); reset it", self.predictor_name, exc)
+            predicted, failure = None, f"the predictor failed ({type(exc).__name__})"
+        if self.shards.any(failure is not None) and failure is None:
+            predicted, failure = None, "the predictor failed on another rank"
+        if failure is not None:
             self.predictor.reset()
-            return None, f"the predictor failed ({type(exc).__name__})"
+        return predicted, failure
 
     def tensors(self) -> list[torch.Tensor]:
         return [*self.updates.last.values(), *self.predictor.tensors().values()]
