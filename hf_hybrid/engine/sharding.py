@@ -8,6 +8,11 @@ non-finite") is a sum of per-shard scalars: `ShardGroup.sum` adds a batch of the
 all-reduce, so every rank sees the same numbers and takes the same decision. Without sharded parameters
 `ShardGroup.sum` returns its input untouched and nothing is communicated.
 
+Collectives per optimizer step, each one all-reduce of a few float64 scalars whatever the number of
+tensors: none in WARMUP steps and in the FULL steps a dormant engine does not observe; two in a scored
+real step (did the predictor fail on any rank; the skill's dot products); four in a predict step (the
+predictor's failure, then the guard's three dependent stages, see `ParameterGuard.apply`).
+
 `local()` is called at every use, never cached: FSDP2 may replace a parameter's local tensor (its lazy
 init re-pads it; `load_state_dict(assign=True)` swaps it).
 """
@@ -84,8 +89,10 @@ class ShardGroup:
             return [float(v) for v in values]
         if not values:
             return []
-        batch = torch.stack([torch.as_tensor(v, dtype=torch.float64).reshape(()).cpu() for v in values])
-        batch = batch.to(self.device)
+        # stacked where the collective runs: no host round trip per value on a GPU
+        batch = torch.stack(
+            [torch.as_tensor(v, dtype=torch.float64, device=self.device).reshape(()) for v in values]
+        )
         dist.all_reduce(batch, op=dist.ReduceOp.SUM, group=self.group)
         return batch.tolist()
 
