@@ -33,11 +33,16 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 REL_TOL = 1e-5
 
 
-def _run(cmd: list[str], out: Path) -> None:
+def _run(cmd: list[str], out: Path, *extra: str) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.run(
-        [*cmd, str(SCRIPT), "--out", str(out)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=240
+        [*cmd, str(SCRIPT), "--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
 
@@ -154,3 +159,18 @@ def test_a_sharded_state_is_refused_on_another_world_size_with_the_restart_escap
     with pytest.raises(ValueError, match=r"world size of 2, and this run has a world size of 1") as err:
         engine.load_state_dict(state)
     assert "hybrid_restart_engine=True" in str(err.value)
+
+
+def test_the_adam_replay_reads_the_sharded_optimizer_state_like_the_whole_one(tmp_path):
+    """`adam` predicts from the optimizer's exp_avg/exp_avg_sq, which FSDP2 shards like the parameters."""
+    sharded, single = tmp_path / "fsdp", tmp_path / "single"
+    sharded.mkdir(), single.mkdir()
+    _run(TORCHRUN, sharded, "--predictor", "adam", "--no-faults")
+    _run([sys.executable], single, "--predictor", "adam")
+    rank0, rank1, whole = _load(sharded, "run", 0), _load(sharded, "run", 1), _load(single, "run", 0)
+    assert rank0["stats"]["predictor"] == whole["stats"]["predictor"] == "adam"
+    assert rank0["phases"] == rank1["phases"] == whole["phases"]
+    assert rank0["phases"].count("predict") >= 4
+    far = [(a, b) for a, b in zip(rank0["losses"], whole["losses"], strict=True) if not _close(a, b)]
+    assert not far, far[:5]
+    assert rank0["resumed"]["weights_sha256"] == rank0["weights_sha256"]

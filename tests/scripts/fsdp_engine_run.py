@@ -2,6 +2,7 @@
 
     torchrun --standalone --nproc_per_node 2 fsdp_engine_run.py --out DIR     # two gloo ranks, sharded
     python fsdp_engine_run.py --out DIR                                       # one process, whole tensors
+    ... --predictor adam --no-faults      # the Adam replay, which reads the optimizer's sharded state
 
 A small MLP (the first layer's 255 rows split 128/127, the last layer's one row held by rank 0 only, so
 rank 1's shard is empty) learns a regression with AdamW, through `HybridEngine` with a low confidence
@@ -59,10 +60,10 @@ def build(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.AdamW(model.parameters(), lr=LR)
 
 
-def config(seed: int) -> EngineConfig:
+def config(seed: int, predictor: str = "ema") -> EngineConfig:
     return EngineConfig(
         schedule=PhaseSchedule(warmup_steps=30, full_steps=5, max_predict_steps=8, confidence_threshold=0.3),
-        predictor="ema",
+        predictor=predictor,
         check_every=1,
         seed=seed,
     )
@@ -91,10 +92,13 @@ def mean_over_ranks(value: torch.Tensor) -> float:
 class Loop:
     """The training loop of examples/plain_pytorch_loop.py, on this rank's slice of each global batch."""
 
-    def __init__(self, seed: int, predictor: EMAPredictor | None = None) -> None:
+    def __init__(self, seed: int, predictor: EMAPredictor | str = "ema") -> None:
         self.model, self.optimizer = build(seed)
         self.params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
-        self.engine = HybridEngine(self.params, config(seed), optimizer=self.optimizer, predictor=predictor)
+        name, instance = (predictor, None) if isinstance(predictor, str) else ("ema", predictor)
+        self.engine = HybridEngine(
+            self.params, config(seed, name), optimizer=self.optimizer, predictor=instance
+        )
         self.x, self.y = data(seed)
         self.generator = torch.Generator().manual_seed(seed)
         self.phases: list[str] = []
@@ -164,7 +168,7 @@ class Loop:
 
 
 def run_scenario(opts: argparse.Namespace) -> dict[str, Any]:
-    loop = Loop(opts.seed)
+    loop = Loop(opts.seed, opts.predictor)
     rank, size = world()
     state_file = opts.out / f"engine_rank{rank}.pt"
     saved_at = None
@@ -188,7 +192,7 @@ def run_scenario(opts: argparse.Namespace) -> dict[str, Any]:
         "saved_at": saved_at,
         "saved_phase": None,
     }
-    resumed = Loop(opts.seed)
+    resumed = Loop(opts.seed, opts.predictor)
     start = resumed.load(state_file)
     result["saved_phase"] = resumed.engine.controller.phase.value if resumed.engine.controller.phase else None
     for _ in range(opts.steps - start):
@@ -293,12 +297,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--predictor", default="ema", help="the `run` scenario's predictor")
+    parser.add_argument("--no-faults", action="store_true", help="skip the `faults` scenario")
     opts = parser.parse_args()
     torch.set_num_threads(1)
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group("gloo")
     rank, _ = world()
-    scenarios = {"run": run_scenario, **({"faults": fault_scenario} if dist.is_initialized() else {})}
+    faults = dist.is_initialized() and not opts.no_faults
+    scenarios = {"run": run_scenario, **({"faults": fault_scenario} if faults else {})}
     for name, scenario in scenarios.items():
         result = scenario(opts)
         (opts.out / f"{name}_rank{rank}.json").write_text(json.dumps(result))
