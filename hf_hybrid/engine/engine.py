@@ -197,7 +197,10 @@ class HybridEngine:
         confidence = self.confidence()
         if self.controller.steps_decided >= self.config.schedule.warmup_steps:
             self.max_confidence = max(self.max_confidence, confidence)
-        phase = self.controller.decide(confidence, self.predictor.observed, self._choose_horizon)
+        # a phase opens only on full-size buffers: a sleeping engine whose confidence jumped past the
+        # threshold in one step runs this step in full and wakes at its end (`_update_wakefulness`)
+        decisive = confidence if self.awake else 0.0
+        phase = self.controller.decide(decisive, self.predictor.observed, self._choose_horizon)
         if phase is Phase.PREDICT and not was_predicting:
             self._open_phase()
         self.last_predicted_loss = _finite_or_none(self.losses.next_loss())

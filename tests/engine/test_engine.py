@@ -526,3 +526,24 @@ class TestDormant:
         loop = Loop(EngineConfig(schedule=schedule, dormant_every=8))
         loop.run(40)
         assert not loop.engine._dormant()
+
+    def test_a_sudden_jump_in_confidence_wakes_it_before_a_phase_opens(self) -> None:
+        """Asleep, the predictor guesses sampled coordinates only: a confidence that leaps past the threshold
+        in one step must first wake the engine (a FULL step), never open a phase on the sampled predictor."""
+        schedule = PhaseSchedule(warmup_steps=5, full_steps=3, confidence_threshold=0.9, min_history=4)
+        loop = Loop(EngineConfig(schedule=schedule, dormant_every=8))
+        loop.engine._dormant = lambda: True  # asleep, whatever this problem's skill
+        loop.run(30)
+        assert not loop.engine.awake
+        del loop.engine._dormant
+        loop.engine.confidence = lambda: 1.0  # the leap: from asleep to certain in one step
+        awake_at_begin = []
+        for _ in range(30):
+            awake_at_begin.append(loop.engine.awake)
+            loop.step()
+        phases = loop.phases(30)
+        assert Phase.PREDICT in phases and loop.engine.awake
+        pairs = zip(awake_at_begin, phases, strict=True)
+        assert all(awake for awake, phase in pairs if phase is Phase.PREDICT)
+        predicted = [r.outcome for r in loop.records[30:] if r.outcome.phase is Phase.PREDICT]
+        assert all(o.applied_update for o in predicted), [o.reasons for o in predicted]
