@@ -9,6 +9,12 @@ Three pieces, each written to a temporary name and renamed:
   small entry with the format version, the two file names, their SHA-256 and a few headline numbers,
   so the JSON people open by hand stays small and a truncated or altered file is refused instead of
   restoring garbage.
+
+With sharded parameters (FSDP2) every rank holds its own shards of the engine's tensors, so every rank
+writes its own pair, `hybrid_state_rank{R}.safetensors` and `hybrid_state_rank{R}.json`, and the entry
+lists each rank's files and checksums under `ranks` (with `sharding.world_size`) instead of the
+single pair's keys. Each rank reads back its own pair; another world size is refused (the shards of a
+predictor buffer or a snapshot cannot be re-split). Unsharded checkpoints keep the single-pair layout.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +32,7 @@ from safetensors.torch import load_file, save_file
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from .engine.state import FORMAT_VERSION, join_state, split_state
+from .engine.state import FORMAT_VERSION, describe_sharding_mismatch, join_state, split_state
 
 logger = logging.getLogger(__name__)
 
@@ -56,23 +63,84 @@ def save_engine_state(
 ) -> dict[str, Any]:
     """Write the tensor file and the readable JSON (when `write_files`, i.e. on the saving rank); return
     the small entry for `trainer_state.json` (with `summary`'s headline numbers, for people)."""
-    tree, tensors = split_state(state)
-    folder = Path(folder)
     digests: dict[str, str | None] = {"tensors": None, "state": None}
     if write_files:
-        contiguous = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
-        tmp = folder / (HYBRID_STATE_FILE + ".tmp")
-        save_file(contiguous, str(tmp), metadata={"format": "pt", "hf_hybrid_format": str(FORMAT_VERSION)})
-        digests["tensors"] = _sha256(tmp)
-        os.replace(tmp, folder / HYBRID_STATE_FILE)
-        digests["state"] = _write_atomically(folder / HYBRID_STATE_JSON, json.dumps(tree, indent=1))
+        digests = _write_state_files(state, Path(folder), HYBRID_STATE_FILE, HYBRID_STATE_JSON)
     return {
         "format_version": FORMAT_VERSION,
         "tensor_file": HYBRID_STATE_FILE,
         "state_file": HYBRID_STATE_JSON,
         "sha256": digests,
-        "summary": {key: (summary or {}).get(key) for key in _SUMMARY_KEYS},
+        "summary": _summary(summary),
     }
+
+
+def save_sharded_engine_state(
+    state: dict[str, Any],
+    folder: str | os.PathLike,
+    rank: int,
+    gather: Callable[[Any], list[Any]],
+    summary: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Every rank writes its own pair of files (its shards); `gather` (a collective every rank calls:
+    one object in, every rank's object out, in rank order) collects the names and checksums, so the
+    entry that the saving rank puts in `trainer_state.json` covers all ranks' files. Each rank's files
+    are in place before its checksums are gathered."""
+    names = rank_file_names(rank)
+    os.makedirs(folder, exist_ok=True)
+    digests = _write_state_files(state, Path(folder), names["tensor_file"], names["state_file"])
+    ranks = gather({**names, "sha256": digests})
+    return {
+        "format_version": FORMAT_VERSION,
+        "sharding": {"world_size": len(ranks)},
+        "ranks": ranks,
+        "summary": _summary(summary),
+    }
+
+
+def rank_file_names(rank: int) -> dict[str, str]:
+    return {
+        "tensor_file": f"hybrid_state_rank{rank}.safetensors",
+        "state_file": f"hybrid_state_rank{rank}.json",
+    }
+
+
+def _write_state_files(
+    state: dict[str, Any], folder: Path, tensor_file: str, state_file: str
+) -> dict[str, str]:
+    """The tensors to a safetensors file and the rest to JSON, each atomically; their SHA-256."""
+    tree, tensors = split_state(state)
+    contiguous = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
+    tmp = folder / (tensor_file + ".tmp")
+    save_file(contiguous, str(tmp), metadata={"format": "pt", "hf_hybrid_format": str(FORMAT_VERSION)})
+    digest = _sha256(tmp)
+    os.replace(tmp, folder / tensor_file)
+    return {"tensors": digest, "state": _write_atomically(folder / state_file, json.dumps(tree, indent=1))}
+
+
+def _summary(summary: dict[str, Any] | None) -> dict[str, Any]:
+    return {key: (summary or {}).get(key) for key in _SUMMARY_KEYS}
+
+
+def sharding_problem(entry: dict[str, Any], world_size: int) -> str | None:
+    """Why a run whose engine shards over `world_size` ranks (1: unsharded) cannot load the entry's
+    state (None: it can), in the engine's words."""
+    saved = int((entry.get("sharding") or {}).get("world_size", 1))
+    # the rank is this comparison's own placeholder: only the world sizes are compared here
+    return describe_sharding_mismatch({"world_size": saved, "rank": 0}, {"world_size": world_size, "rank": 0})
+
+
+def rank_pair(entry: dict[str, Any], rank: int) -> dict[str, Any]:
+    """The single-pair entry (format version, file names, checksums) of `rank`'s files; an unsharded
+    entry is its own pair for every rank."""
+    if "ranks" not in entry:
+        return entry
+    ranks = entry["ranks"]
+    if not 0 <= rank < len(ranks):
+        raise HybridCheckpointError(
+            f"the hybrid state has no files for rank {rank} (saved by {len(ranks)} ranks)"
+        )
+    return {"format_version": entry.get("format_version"), **ranks[rank]}
 
 
 _HINT = "set `hybrid_restart_engine=True` to resume with a fresh engine instead"
@@ -204,7 +272,12 @@ def _missing_files(folder: Path) -> str:
         return f"a readable {TRAINER_STATE_FILE}"
     if entry is None:
         return ""
-    files = (entry.get("tensor_file", HYBRID_STATE_FILE), entry.get("state_file", HYBRID_STATE_JSON))
+    pairs = entry.get("ranks") or [entry]
+    files = [
+        name
+        for pair in pairs
+        for name in (pair.get("tensor_file", HYBRID_STATE_FILE), pair.get("state_file", HYBRID_STATE_JSON))
+    ]
     return ", ".join(name for name in files if not (folder / name).is_file())
 
 

@@ -35,10 +35,13 @@ from .checkpoint import (
     last_complete_checkpoint,
     load_engine_state,
     load_timeline,
+    rank_pair,
     read_engine_entry,
     read_engine_tree,
     save_engine_state,
+    save_sharded_engine_state,
     save_timeline,
+    sharding_problem,
 )
 from .engine.config import EngineConfig
 from .engine.engine import HybridEngine, StepOutcome, StepPlan, StepRecord
@@ -48,6 +51,7 @@ from .engine.predictor import DeltaPredictor
 from .engine.state import describe_mismatch
 from .hybrid_arguments import hybrid_name
 from .model_card import add_hybrid_section, card_context, render_section
+from .parameters import trainable_parameters
 from .telemetry import (
     TIMELINE_PLOT_FILE,
     console_line,
@@ -136,19 +140,28 @@ class HybridHFTrainer(Trainer):
         entry = read_engine_entry(checkpoint)
         if entry is None or self.hybrid_args.hybrid_restart_engine:
             return
-        state = read_engine_tree(entry, checkpoint)
-        params = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
-        try:
-            problem = describe_mismatch(
-                state["config"], state["parameters"], self.engine_config, params, rename=hybrid_name
-            )
-        except (KeyError, TypeError) as exc:
-            problem = f"its hybrid state is damaged ({exc!r})"
+        problem = sharding_problem(entry, self._shard_world_size())
+        if not problem:  # configuration and parameter shapes are the same in every rank's file
+            state = read_engine_tree(rank_pair(entry, 0), checkpoint)
+            params = trainable_parameters(self.model)
+            try:
+                problem = describe_mismatch(
+                    state["config"], state["parameters"], self.engine_config, params, rename=hybrid_name
+                )
+            except (KeyError, TypeError) as exc:
+                problem = f"its hybrid state is damaged ({exc!r})"
         if problem:
             raise HybridCheckpointError(
                 f"cannot resume the hybrid engine from {checkpoint}: {problem}. Resume with the same hybrid "
                 "configuration and trainable parameters, or set `hybrid_restart_engine=True` to start afresh."
             )
+
+    def _shard_world_size(self) -> int:
+        """Over how many ranks the engine's parameters will be sharded (1: whole tensors), known before
+        `prepare` shards them: FSDP2 shards over every process."""
+        if self.is_fsdp_enabled and self._unsupported_distribution() is None:
+            return self.accelerator.num_processes
+        return 1
 
     def _inner_training_loop(self, *args: Any, **kwargs: Any) -> Any:
         """Thin wrapper: after a finished run, the phase-timeline plot and the summary in the log."""
@@ -186,20 +199,11 @@ class HybridHFTrainer(Trainer):
             )
 
     def _start_engine(self, model: nn.Module) -> None:
-        if self.is_deepspeed_enabled:
+        unsupported = self._unsupported_distribution()
+        if unsupported:
             logger.warning(
-                "hf_hybrid: DeepSpeed keeps fp32 master weights inside its optimizer, so a predicted update "
-                "written into the model would be overwritten; predict phases are off and this run trains "
-                "exactly like the plain Trainer."
-            )
-            self.engine = None
-            return
-        if self.is_fsdp_enabled:
-            logger.warning(
-                "hf_hybrid: under FSDP the trainable parameters are sharded DTensors, which the engine does "
-                "not handle yet (its dot products fail on them; its norms and finiteness checks would see "
-                "one shard per rank); predict phases are off and this run trains exactly like the plain "
-                "Trainer."
+                "hf_hybrid: %s; predict phases are off and this run trains exactly like the plain Trainer.",
+                unsupported,
             )
             self.engine = None
             return
@@ -212,10 +216,7 @@ class HybridHFTrainer(Trainer):
                 "without GPUs set `use_cpu=True` (`--use_cpu`) to train the processes together over "
                 "gloo, or launch one process."
             )
-        # Without the torch.compile wrapper: its `_orig_mod.` prefix would key the engine state by names
-        # that a resume (or a run without torch_compile) does not have.
-        unwrapped = self.accelerator.unwrap_model(model, keep_torch_compile=False)
-        params = {name: p for name, p in unwrapped.named_parameters() if p.requires_grad}
+        params = trainable_parameters(self.accelerator.unwrap_model(model, keep_torch_compile=False))
         if not params:
             raise ValueError(
                 "HybridHFTrainer: the model has no trainable parameter (all have requires_grad=False); "
@@ -236,6 +237,28 @@ class HybridHFTrainer(Trainer):
             skip_nonfinite_step=self.accelerator.scaler is None,
         )
         self.callback_handler.optimizer = self.optimizer
+
+    def _unsupported_distribution(self) -> str | None:
+        """Why predict phases cannot run under this accelerate set-up (None: they can).
+
+        FSDP2 is supported: its parameters are `DTensor`s sharded on dim 0, which the engine handles
+        shard by shard (`engine/sharding.py`). FSDP1 flattens each wrapped module's parameters into one
+        `FlatParameter` per rank, a plain tensor whose slices the engine cannot tell apart from a whole
+        tensor; DeepSpeed keeps the fp32 master weights inside its optimizer.
+        """
+        if self.is_deepspeed_enabled:
+            return (
+                "DeepSpeed (every ZeRO stage) keeps the fp32 master weights inside its optimizer, so a "
+                "predicted update written into the model would be overwritten (ZeRO-1/2) or land in an "
+                "empty placeholder (ZeRO-3); use FSDP2 (fsdp_version: 2) or DDP for predict phases"
+            )
+        if self.is_fsdp_enabled and getattr(self.accelerator.state.fsdp_plugin, "fsdp_version", 1) != 2:
+            return (
+                "FSDP1 (fsdp_version: 1) flattens the parameters into one FlatParameter shard per rank, "
+                "which the engine cannot split into whole tensors; set fsdp_version: 2 in the accelerate "
+                "config (or fsdp_config={'fsdp_version': 2}) for predict phases under FSDP"
+            )
+        return None
 
     def _build_probe(self) -> Callable[[], float]:
         """Mean loss of fixed training examples (eval mode, no_grad), averaged over ranks.
@@ -270,6 +293,7 @@ class HybridHFTrainer(Trainer):
                     self.compute_loss(model, self._prepare_inputs(batch)).detach() for batch in batches
                 )
             model.train(was_training)
+            self._reshard_after_forward_only(model)
             loss = total / len(batches)
             if self.accelerator.num_processes > 1:
                 loss = self.accelerator.reduce(loss, reduction="mean")
@@ -316,11 +340,29 @@ class HybridHFTrainer(Trainer):
             inputs = self._prepare_inputs(inputs)
             with torch.no_grad(), self.compute_loss_context_manager():
                 loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        self._reshard_after_forward_only(model)
         if self.args.n_gpu > 1:
             loss = loss.mean()
         if not self._loss_is_scaled_for_ga(num_items_in_batch):
             loss = loss / self.current_gradient_accumulation_steps
         return loss.detach()
+
+    def _reshard_after_forward_only(self, model: nn.Module) -> None:
+        """Under FSDP2, free the parameters a forward without backward left unsharded.
+
+        FSDP2 reshards the root module (and any module with `reshard_after_forward=False`) only after the
+        backward. A forward under no_grad leaves them unsharded, and the next forward reuses that stale
+        copy instead of all-gathering again, so a predicted update written into the shards in between
+        would be invisible to it (measured: the loss after a predicted step drifted 1% from the
+        single-process run). Resharding drops the copy; the next forward gathers the updated shards.
+        """
+        if not self.is_fsdp_enabled:
+            return
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
 
     def _loss_is_scaled_for_ga(self, num_items_in_batch: torch.Tensor | int | None) -> bool:
         if self.loss_is_scaled_for_ga is not None:
@@ -389,15 +431,31 @@ class HybridHFTrainer(Trainer):
         super()._save_optimizer_and_scheduler(output_dir)
         if self.engine is None:
             return
-        entry = save_engine_state(
-            self.engine.state_dict(),
-            output_dir,
-            write_files=self.args.should_save,
-            summary=self.engine.stats(),
-        )
+        shards = self.engine.shards
+        if shards.sharded:  # every rank holds different shards: every rank writes its own files
+            entry = save_sharded_engine_state(
+                self.engine.state_dict(),
+                output_dir,
+                rank=shards.rank,
+                gather=self._gather_over_shards,
+                summary=self.engine.stats(),
+            )
+        else:
+            entry = save_engine_state(
+                self.engine.state_dict(),
+                output_dir,
+                write_files=self.args.should_save,
+                summary=self.engine.stats(),
+            )
         self._hybrid_state_callback().engine_state = entry
         if self.args.should_save:
             save_timeline(self.hybrid_timeline, output_dir)
+
+    def _gather_over_shards(self, obj: Any) -> list[Any]:
+        """`obj` of every rank of the engine's shard group, in rank order (a collective)."""
+        gathered: list[Any] = [None] * self.engine.shards.world_size
+        torch.distributed.all_gather_object(gathered, obj, group=self.engine.shards.group)
+        return gathered
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)
@@ -415,7 +473,11 @@ class HybridHFTrainer(Trainer):
                 checkpoint,
             )
             return
-        state = load_engine_state(entry, checkpoint)
+        shards = self.engine.shards
+        problem = sharding_problem(entry, shards.world_size)
+        if problem:
+            raise HybridCheckpointError(f"cannot resume the hybrid engine from {checkpoint}: {problem}")
+        state = load_engine_state(rank_pair(entry, shards.rank), checkpoint)
         try:
             self.engine.load_state_dict(state)
         except (ValueError, KeyError, TypeError) as exc:
@@ -432,7 +494,8 @@ class HybridHFTrainer(Trainer):
         carried = "the phase timeline"
         if entry is not None:
             try:
-                self.engine.counters.load_state_dict(read_engine_tree(entry, checkpoint)["counters"])
+                tree = read_engine_tree(rank_pair(entry, 0), checkpoint)  # the same counters on every rank
+                self.engine.counters.load_state_dict(tree["counters"])
                 carried = "the counters and the phase timeline"
             except (HybridCheckpointError, KeyError, TypeError, ValueError) as exc:
                 logger.warning(
@@ -463,9 +526,10 @@ class HybridHFTrainer(Trainer):
 
         No per-rank reduction is needed here: every metric is computed by the engine from quantities that
         are already identical on every rank — the step loss is averaged over ranks before the engine sees
-        it (`_step_record`), the gradient norm is of the synchronised gradients, the parameters and so the
-        updates and residuals are replicated, and counters follow the phase decisions, which every rank
-        takes identically.
+        it (`_step_record`), the gradient norm is of the synchronised gradients (under FSDP2 the norm of
+        the whole gradient, which accelerate reduces over the shards), the parameters and so the updates
+        and residuals are replicated (DDP) or sharded with every whole-tensor sum all-reduced by the
+        engine (FSDP2), and counters follow the phase decisions, which every rank takes identically.
         """
         if self.engine is not None and "loss" in logs:
             logs.update({f"hybrid/{key}": value for key, value in self.engine.metrics().items()})
