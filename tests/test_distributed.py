@@ -206,22 +206,24 @@ def test_processes_launched_without_use_cpu_on_a_cpu_machine_are_refused(tmp_pat
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="FSDP through accelerate needs CUDA devices")
-def test_fsdp2_trains_like_the_plain_trainer_with_a_warning(tmp_path):
-    """accelerate shards only on GPUs; predict phases are off under FSDP until the engine handles shards."""
-    ranks = torch.cuda.device_count()
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2, reason="real FSDP2 through accelerate needs 2 CUDA devices"
+)
+def test_fsdp2_predicts_on_two_gpus(tmp_path):
+    """accelerate's own FSDP2 path (no CPU shim): the same phases and weights on both ranks, predict
+    phases on. The CPU twin with every check is tests/test_fsdp2_trainer.py."""
     log = tmp_path / "log.txt"
+    script = ROOT / "tests" / "scripts" / "fsdp2_trainer_run.py"
     proc = _start(
-        [*ACCELERATE, "--config_file", str(CONFIGS / "fsdp2.yaml"), "--num_processes", str(ranks)]
-        + [str(SCRIPT), "--out", str(tmp_path), "--batch", "4", "--max-steps", "12", "--no-use-cpu"],
+        [*TORCHRUN, "--nproc_per_node", "2", str(script), "--out", str(tmp_path)]
+        + ["--fsdp", "--batch", "4", "--no-use-cpu", "--scenarios", "run"],
         log,
     )
     rc, text = _finish(proc, log)
     assert rc == 0, text[-4000:]
-    results = _results(tmp_path, ranks)
-    assert [r["world_size"] for r in results] == [ranks] * ranks
-    assert all(r["fsdp"] and r["distributed_type"] == "DistributedType.FSDP" for r in results)
-    assert "under FSDP the trainable parameters are sharded DTensors" in text
-    assert all(r["stats"]["enabled"] is False and r["phases"] == [] for r in results)
-    assert len({r["params_sha256"] for r in results}) == 1
-    assert all(len(r["losses"]) == 12 and r["losses"] == results[0]["losses"] for r in results)
+    ranks = [json.loads((tmp_path / f"run_rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["distributed_type"] == "DistributedType.FSDP" and not r["forced_fsdp2"] for r in ranks)
+    assert all(r["sharded"] for r in ranks)
+    assert ranks[0]["phases"] == ranks[1]["phases"] and ranks[0]["phases"].count("predict") >= 4
+    assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"]
+    assert ranks[0]["losses"] == ranks[1]["losses"]
