@@ -227,3 +227,28 @@ def test_fsdp2_predicts_on_two_gpus(tmp_path):
     assert ranks[0]["phases"] == ranks[1]["phases"] and ranks[0]["phases"].count("predict") >= 4
     assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"]
     assert ranks[0]["losses"] == ranks[1]["losses"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2 or importlib.util.find_spec("deepspeed") is None,
+    reason="DeepSpeed ZeRO-2 through accelerate needs 2 CUDA devices and the deepspeed package",
+)
+def test_deepspeed_trains_like_the_plain_trainer_and_says_why(tmp_path):
+    """The shipped ZeRO-2 config: one warning that names DeepSpeed and the alternative, no engine, no
+    predicted step, and both ranks end on the same weights (the run is the plain Trainer's)."""
+    log = tmp_path / "log.txt"
+    proc = _start(
+        [*ACCELERATE, "--config_file", str(CONFIGS / "deepspeed_zero2.yaml"), str(SCRIPT)]
+        + ["--out", str(tmp_path), "--batch", "4", "--max-steps", "20", "--no-use-cpu"],
+        log,
+    )
+    rc, text = _finish(proc, log)
+    assert rc == 0, text[-4000:]
+    assert "DeepSpeed (every ZeRO stage) keeps the fp32 master weights" in text
+    assert "use FSDP2 (fsdp_version: 2) or DDP" in text
+    ranks = _results(tmp_path, 2)
+    assert all(r["distributed_type"] == "DistributedType.DEEPSPEED" for r in ranks)
+    assert all(not r["stats"]["enabled"] and r["stats"]["backward_skipped"] == 0 for r in ranks)
+    assert all(r["phases"] == [] for r in ranks)
+    assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"]
