@@ -564,9 +564,9 @@ def stage(opts, name: str, path: Path) -> None:
                         "policy": Policy.parse(policy).label(),
                     },
                 )
-    elif name == "adaptive-seeds":
+    elif name == "adaptive-seeds":  # the best policy of seed 0 among those that froze a block at all
         data = load(path)
-        runs = find(data, method="adaptive", seed=0, budget=1.0)
+        runs = [r for r in find(data, method="adaptive", seed=0, budget=1.0) if r["frozen_at"]]
         best = min(runs, key=lambda r: (-round(speed(data, r), 3), r["eval_loss"]))
         for seed in SEEDS[1:]:
             ensure(opts, path, load(path), {**best["spec"], "seed": seed})
