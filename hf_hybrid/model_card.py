@@ -33,6 +33,7 @@ TEMPLATE = "hybrid_section.md"
 SECTION_START = "<!-- hf-hybrid:start -->"
 SECTION_END = "<!-- hf-hybrid:end -->"
 UNNAMED_BASE_MODEL = "This model is a fine-tuned version of [](https://huggingface.co/) on "
+FROM_SCRATCH = "This model was trained from scratch on "
 
 
 def card_context(
@@ -100,12 +101,18 @@ def render_section(context: Mapping[str, Any]) -> str:
 
 
 def add_hybrid_section(
-    readme: str | os.PathLike, section: str, tag: str = HYBRID_TAG, base_model: str | None = None
+    readme: str | os.PathLike,
+    section: str,
+    tag: str = HYBRID_TAG,
+    base_model: str | None = None,
+    local_base: str | None = None,
 ) -> Path:
     """Put `section` into the card at `readme` (replacing an earlier one) and `tag` into its metadata.
 
     `base_model` (the `finetuned_from` the card was created with) replaces a local directory that peft
     wrote as an adapter card's `base_model`, in the metadata and in its `base_model:adapter:` tag.
+    `local_base`: the local directory the model was loaded from when no hub name is known; transformers
+    then calls a fine-tune "trained from scratch", and the card says where it came from instead.
     """
     from huggingface_hub import ModelCard
 
@@ -120,7 +127,13 @@ def add_hybrid_section(
         tags.append(tag)
     card.data.tags = tags
     # transformers takes a from-scratch model's empty `_name_or_path` for a base model's name
-    text = card.text.replace(UNNAMED_BASE_MODEL, "This model was trained from scratch on ")
+    text = card.text.replace(UNNAMED_BASE_MODEL, FROM_SCRATCH)
+    if local_base:
+        text = text.replace(
+            FROM_SCRATCH,
+            f"This model is a fine-tuned version of the model in the local directory `{local_base}` "
+            "(pass `finetuned_from=` with its hub name to link it) on ",
+        )
     start, end = text.find(SECTION_START), text.find(SECTION_END)
     if start != -1 and end > start:
         text = text[:start].rstrip() + "\n\n" + text[end + len(SECTION_END) :].lstrip()

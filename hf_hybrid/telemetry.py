@@ -54,23 +54,30 @@ def run_summary(stats: Mapping[str, Any]) -> str:
     if timing.get("engine_time_share") is not None:
         cost += f", {timing['engine_time_share']:.1%} of the step time"
     text = "hf_hybrid: " + "; ".join(parts) + f"; {cost}."
+    reason = no_predict_reason(stats)
+    return text if reason is None else f"{text} {reason}"
+
+
+def no_predict_reason(stats: Mapping[str, Any]) -> str | None:
+    """Why no predict phase opened, and what to try (None when one did)."""
+    steps = stats["steps_per_phase"]
     threshold = stats["confidence_threshold"]
-    if stats["predict_phases"] == 0 and steps.get("warmup", 0) == stats["steps"]:
-        text += " No predict phase opened: the run ended inside the warmup (`hybrid_warmup_steps`)."
-    elif stats["predict_phases"] == 0 and stats["max_confidence"] >= threshold:
-        text += (
-            " No predict phase opened: the run ended before the schedule allowed one (after the warmup a "
+    if stats["predict_phases"] > 0:
+        return None
+    if steps.get("warmup", 0) == stats["steps"]:
+        return "No predict phase opened: the run ended inside the warmup (`hybrid_warmup_steps`)."
+    if stats["max_confidence"] >= threshold:
+        return (
+            "No predict phase opened: the run ended before the schedule allowed one (after the warmup a "
             "phase needs `hybrid_full_steps` FULL steps and `hybrid_min_history` observed updates)."
         )
-    elif stats["predict_phases"] == 0:
-        text += (
-            f" No predict phase opened: the highest measured confidence was {stats['max_confidence']:.2f}, "
-            f"under the threshold {threshold:.2f} (`hybrid_confidence_threshold`), so this run trained "
-            "like the plain Trainer. To see predict phases, lower the threshold or try another "
-            "`hybrid_predictor`; measured on this project's benchmark, predicted steps have not beaten a "
-            "tuned learning rate (README, 'Status')."
-        )
-    return text
+    return (
+        f"No predict phase opened: the highest measured confidence was {stats['max_confidence']:.2f}, "
+        f"under the threshold {threshold:.2f} (`hybrid_confidence_threshold`), so this run trained "
+        "like the plain Trainer. To see predict phases, lower the threshold or try another "
+        "`hybrid_predictor`; measured on this project's benchmark, predicted steps have not beaten a "
+        "tuned learning rate (README, 'Status')."
+    )
 
 
 def phase_segments(timeline: Sequence[Mapping[str, Any]]) -> list[tuple[str, int, int]]:

@@ -56,6 +56,7 @@ from .telemetry import (
     TIMELINE_PLOT_FILE,
     console_line,
     log_image_to_wandb,
+    no_predict_reason,
     plot_timeline,
     progress_postfix,
     run_summary,
@@ -488,15 +489,21 @@ class HybridHFTrainer(Trainer):
         self.hybrid_timeline = load_timeline(checkpoint)
 
     def _restart_engine(self, checkpoint: str, entry: dict[str, Any] | None) -> None:
-        """A new engine, not a new history: its learnt state starts over, the counters and the timeline
-        of the run so far carry on (from the checkpoint's readable state, when it can be read)."""
+        """A new engine, not a new history: its learnt state starts over; the counters, the engine's time
+        and peak bytes and the timeline of the run so far carry on (from the checkpoint's readable state,
+        when it can be read)."""
         self.hybrid_timeline = load_timeline(checkpoint)
         carried = "the phase timeline"
         if entry is not None:
             try:
                 tree = read_engine_tree(rank_pair(entry, 0), checkpoint)  # the same counters on every rank
                 self.engine.counters.load_state_dict(tree["counters"])
-                carried = "the counters and the phase timeline"
+                self.engine.seconds = float(tree["seconds"])  # the engine's cost is the run's, too
+                peak = {
+                    kind: max(int(n), self.engine.meter.peak[kind]) for kind, n in tree["peak_memory"].items()
+                }
+                self.engine.meter.peak = peak
+                carried = "the counters, the engine's time and peak bytes, and the phase timeline"
             except (HybridCheckpointError, KeyError, TypeError, ValueError) as exc:
                 logger.warning(
                     "hf_hybrid: the counters of %s cannot be read (%s); they restart at 0", checkpoint, exc
@@ -551,13 +558,17 @@ class HybridHFTrainer(Trainer):
             "step_seconds": step_seconds,
             "engine_time_share": self.engine.seconds / step_seconds if step_seconds > 0 else 0.0,
         }
-        return {"enabled": True, **self.engine.stats(), "timing": timing}
+        stats = {"enabled": True, **self.engine.stats(), "timing": timing}
+        stats["no_predict_reason"] = no_predict_reason(stats)
+        return stats
 
     def _console_logs(self, logs: dict[str, Any]) -> dict[str, Any]:
         """The logs as the console shows them: `hybrid/*` keys folded into one `hybrid` entry (unless
         `hybrid_console_metrics="full"`); trackers and `trainer_state.json` get the full dict."""
-        if self.engine is None or self.hybrid_args.hybrid_console_metrics == "full":
+        if self.engine is None:
             return logs
+        if self.hybrid_args.hybrid_console_metrics == "full":  # every key, the phase by its name
+            return {k: _phase_name(v) if k == "hybrid/phase" else v for k, v in logs.items()}
         shown = {key: value for key, value in logs.items() if not key.startswith("hybrid/")}
         if len(shown) < len(logs) and "train_runtime" not in logs:
             phase = self.engine.controller.phase
@@ -577,7 +588,17 @@ class HybridHFTrainer(Trainer):
             os.path.join(self.args.output_dir, "README.md"),
             render_section(context),
             base_model=kwargs.get("finetuned_from"),
+            local_base=None if kwargs.get("finetuned_from") else self._local_base_model(),
         )
+
+    def _local_base_model(self) -> str | None:
+        """The local directory a pretrained model (or a peft adapter's base) was loaded from, if any:
+        transformers infers a card's base model only from a hub name."""
+        model = self.accelerator.unwrap_model(self.model)
+        peft_config = getattr(model, "peft_config", None)
+        names = [getattr(c, "base_model_name_or_path", None) for c in (peft_config or {}).values()]
+        names.append(getattr(getattr(model, "config", None), "_name_or_path", None))
+        return next((name for name in names if isinstance(name, str) and name and os.path.isdir(name)), None)
 
     def _publish_timeline_plot(self) -> None:
         """World process zero: `output_dir/hybrid_timeline.png`, and the same image on the W&B run."""
@@ -653,6 +674,11 @@ class _HybridPrinterCallback(PrinterCallback):
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.is_world_process_zero and self.trainer.engine is not None:
             print(run_summary(self.trainer.hybrid_stats()))  # the console, as PrinterCallback prints logs
+
+
+def _phase_name(code: float) -> str:
+    """`hybrid/phase` as the console shows it: the name of the phase whose `Phase.index` it is."""
+    return next((phase.value for phase in Phase if phase.index == int(code)), str(code))
 
 
 def _check_not_empty(dataset: Any) -> None:

@@ -66,7 +66,7 @@ def test_every_hybrid_field_has_a_validation_case():
     [
         ({"hybrid_min_predict_steps": 8, "hybrid_max_predict_steps": 4},
          r"^`hybrid_max_predict_steps` must be an integer in \[8, 1024\] "
-         r"\(at least `hybrid_min_predict_steps`\), got 4$"),
+         r"\(at least `hybrid_min_predict_steps`, which is 8\), got 4$"),
         ({"hybrid_predictor_kwargs": {"beta": [1]}, "hybrid_predictor": "null"}, None),
     ],
 )  # fmt: skip

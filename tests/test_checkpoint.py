@@ -105,7 +105,13 @@ def test_a_changed_predictor_is_refused_and_restart_engine_accepts_it(straight_r
     assert trainer.hybrid_timeline[step]["phase"] == "warmup"  # the new engine warms up again
     message = "\n".join(r.getMessage() for r in caplog.records)
     assert "a new engine from" in message and "start over, with a new warmup of 10 steps" in message
-    assert "the counters and the phase timeline carry on" in message
+    assert "the counters, the engine's time and peak bytes, and the phase timeline carry on" in message
+    # the engine's own time and peak bytes cover the whole run, as the timeline's step time does
+    from hf_hybrid.checkpoint import rank_pair, read_engine_entry, read_engine_tree
+
+    saved_tree = read_engine_tree(rank_pair(read_engine_entry(folder), 0), folder)
+    assert trainer.engine.seconds > float(saved_tree["seconds"]) > 0
+    assert trainer.hybrid_stats()["engine_peak_bytes"] >= sum(saved_tree["peak_memory"].values())
 
 
 def _run_script(tmp_path, *args, check=True):

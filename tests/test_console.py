@@ -33,6 +33,9 @@ def test_full_console_metrics_print_every_key(tmp_path, capsys):
     console = capsys.readouterr().out
     assert "'hybrid/phase'" in console and "'hybrid/backward_skipped_fraction'" in console
     assert "'hybrid':" not in console
+    assert "'hybrid/phase': 'warmup'" in console and "'hybrid/phase': 'full'" in console  # by name
+    logged = [entry["hybrid/phase"] for entry in trainer.state.log_history if "hybrid/phase" in entry]
+    assert logged == [0.0, 1.0]  # the trackers keep the code
 
 
 def test_a_run_that_never_predicts_logs_no_warning_even_on_a_loss_spike(tmp_path, caplog):
@@ -51,6 +54,9 @@ def test_a_run_that_never_predicts_logs_no_warning_even_on_a_loss_spike(tmp_path
     with caplog.at_level("INFO", logger="hf_hybrid"):
         trainer.train()
     assert fired and trainer.hybrid_stats()["predict_phases"] == 0
+    reason = trainer.hybrid_stats()["no_predict_reason"]
+    assert reason.startswith("No predict phase opened: the highest measured confidence was ")
+    assert "under the threshold 0.99" in reason
     ours = [r for r in caplog.records if r.name.startswith("hf_hybrid")]
     assert [r.getMessage() for r in ours if r.levelname == "WARNING"] == []
     actions = [r for r in caplog.records if getattr(r, "hybrid_action", None)]

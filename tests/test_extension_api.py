@@ -79,3 +79,58 @@ def test_the_extension_api_is_exported():
              "HybridEngine", "EngineConfig", "PhaseSchedule", "StepRecord", "HybridOptimizer")  # fmt: skip
     for name in names:
         assert name in hf_hybrid.__all__ and getattr(hf_hybrid, name) is not None
+
+
+class _Unregistered(hf_hybrid.DeltaPredictor):
+    """A user's predictor that was never registered: the last real update, repeated."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last: dict[str, torch.Tensor] = {}
+
+    def observe(self, deltas):
+        self.last = {name: d.clone() for name, d in deltas.items()}
+        self.observed += 1
+
+    def predict(self, steps_ahead):
+        return dict(self.last) or None
+
+    def reset(self):
+        self.last, self.observed = {}, 0
+
+    def tensors(self):
+        return {f"last.{name}": t for name, t in self.last.items()}
+
+    def load_tensors(self, tensors):
+        self.last = {name.removeprefix("last."): t.clone() for name, t in tensors.items()}
+
+
+def test_an_unregistered_instance_is_named_by_its_class_and_resumes(tmp_path):
+    assert _Unregistered.name == "_Unregistered" and "_Unregistered" not in available_predictors()
+    straight = HybridHFTrainer(
+        model=tiny_gpt2(), args=hybrid_args(tmp_path, max_steps=30, save_strategy="steps", save_steps=18),
+        train_dataset=tiny_data()[0], predictor=_Unregistered(),
+    )  # fmt: skip
+    straight.train()
+    stats = straight.hybrid_stats()
+    assert stats["predictor"] == "_Unregistered" and stats["steps_per_phase"]["predict"] > 0
+    assert stats["no_predict_reason"] is None
+    resumed = HybridHFTrainer(
+        model=tiny_gpt2(), args=hybrid_args(tmp_path, max_steps=30), train_dataset=tiny_data()[0],
+        predictor=_Unregistered(),
+    )  # fmt: skip
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-18"))
+    for name, value in resumed.model.named_parameters():
+        assert torch.equal(value, dict(straight.model.named_parameters())[name]), name
+    assert counters(resumed.hybrid_stats()) == counters(straight.hybrid_stats())
+
+
+def test_registering_a_class_that_set_no_name_takes_the_registered_name():
+    class Named(_Unregistered):
+        pass
+
+    hf_hybrid.register_predictor("named-later", Named)
+    try:
+        assert Named.name == "named-later" and "named-later" in available_predictors()
+    finally:
+        unregister_predictor("named-later")

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import hybrid_trainer, lora_gpt2
+from helpers import hybrid_trainer, lora_gpt2, tiny_gpt2
 from huggingface_hub import ModelCard
 
 from hf_hybrid.model_card import HYBRID_TAG, SECTION_START, add_hybrid_section
@@ -181,3 +181,33 @@ def test_a_local_base_model_path_written_by_peft_is_replaced_by_the_given_name(t
     add_hybrid_section(readme, f"{SECTION_START}\n## Hybrid training\ny\n<!-- hf-hybrid:end -->\n",
                        base_model="someone/else")  # fmt: skip
     assert ModelCard.load(readme).data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def test_a_lora_of_a_locally_saved_model_is_not_called_trained_from_scratch(tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import GPT2LMHeadModel
+
+    from hf_hybrid.model_card import FROM_SCRATCH
+
+    base_dir = tmp_path / "my-base"
+    tiny_gpt2().save_pretrained(base_dir)  # what a user fine-tunes when the hub is out of reach
+    config = LoraConfig(
+        r=4, lora_alpha=8, target_modules=["c_attn"], fan_in_fan_out=True, task_type="CAUSAL_LM"
+    )
+    model = get_peft_model(GPT2LMHeadModel.from_pretrained(base_dir), config)
+    trainer = hybrid_trainer(tmp_path / "out", model=model, max_steps=12)
+    trainer.train()
+    trainer.create_model_card()
+    text = card_of(trainer).text
+    assert FROM_SCRATCH not in text
+    assert f"fine-tuned version of the model in the local directory `{base_dir}`" in text
+    assert "pass `finetuned_from=`" in text
+
+
+def test_a_model_from_a_config_is_still_trained_from_scratch(tmp_path):
+    from hf_hybrid.model_card import FROM_SCRATCH
+
+    trainer = hybrid_trainer(tmp_path, max_steps=12)
+    trainer.train()
+    trainer.create_model_card()
+    assert FROM_SCRATCH in card_of(trainer).text

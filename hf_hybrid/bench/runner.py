@@ -103,7 +103,7 @@ class _Clock(TrainerCallback):
         self.eval_before_step, self.eval_wall_before_step = self.eval_seconds, self.eval_wall_seconds
         engine = getattr(self.trainer, "engine", None)
         if engine is not None:
-            self.engine_peak_bytes = max(self.engine_peak_bytes, sum(engine.peak_memory.values()))
+            self.engine_peak_bytes = max(self.engine_peak_bytes, sum(engine.meter.peak.values()))
 
     def on_evaluate(
         self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kwargs: Any

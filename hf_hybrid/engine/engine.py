@@ -31,10 +31,11 @@ from .accounting import StepCounters
 from .bandit import HorizonBandit, default_arms, phase_reward
 from .config import EngineConfig
 from .divergence import DivergenceLevel, DivergenceMonitor
+from .footprint import MemoryMeter
 from .guard import ParameterGuard
 from .loss_watch import LossWatch
 from .phases import Phase, PhaseController
-from .predict_phase import PhaseEnd, PredictPhase
+from .predict_phase import PhaseEnd, PredictPhase, reference_level
 from .predictor import (
     DeltaPredictor,
     Deltas,
@@ -59,8 +60,19 @@ logger = logging.getLogger(__name__)
 
 # The sleeping engine wakes when its confidence reaches this share of the threshold.
 WAKE_AT = 0.75
-# Lower bound of the loss noise a predict phase is judged against, relative to the loss.
-REL_NOISE_FLOOR = 1e-3
+# The counters and bytes of `stats()` that go to the training log too.
+LOGGED_STATS = (
+    "backward_run",
+    "backward_skipped",
+    "predict_phases",
+    "backward_skipped_fraction",
+    "compute_saved_fraction",
+    "rollbacks",
+    "predictor_bytes",
+    "engine_bytes",
+)
+# FULL-step losses whose batch-to-batch noise a predict phase is judged against.
+REFERENCE_WINDOW = 17
 
 
 @dataclass(frozen=True)
@@ -120,14 +132,15 @@ class HybridEngine:
                 f"`predictor` must be a DeltaPredictor instance, got {type(predictor).__qualname__}"
             )
         self.optimizer = optimizer
-        # `dormant_every=1` asks for an engine that watches every step in full: it never sleeps
+        # `dormant_every=1` asks for an engine that watches every step in full: it never sleeps; nor does
+        # a scripted one, whose predict phases open whatever the confidence (and need full-size guesses)
         self.watch = UpdateWatch(
             self.params,
             resolve_predictor_name(self.config.predictor, optimizer),
             self.config.predictor_kwargs,
             optimizer,
             self.config.seed,
-            may_sleep=s.confidence_threshold > 0 and self.config.dormant_every > 1,
+            may_sleep=s.confidence_threshold > 0 and self.config.dormant_every > 1 and s.script is None,
             predictor=predictor,
             shards=self.shards,
         )
@@ -145,9 +158,7 @@ class HybridEngine:
         self.last_measured_loss: float | None = None
         self.max_confidence = 0.0  # highest confidence measured after warmup (the summary's "why not")
         self.seconds = 0.0  # host time spent in begin_step/finish_step, the optimizer's own step excluded
-        self.current_memory = self.memory()  # measured after a step that may have changed it
-        self.peak_memory = dict(self.current_memory)  # largest after any step, by device/host
-        self._memory_changed = False
+        self.meter = MemoryMeter(self._tensors)
 
     @property
     def predictor(self) -> DeltaPredictor:
@@ -179,7 +190,7 @@ class HybridEngine:
         self.watch.set_awake(not sleepy)
         self.losses.set_awake(not sleepy)
         self.last_predicted_loss = None
-        self._memory_changed = True
+        self.meter.changed = True
         logger.info(
             "hf_hybrid: step %d: confidence %.3f (threshold %.3f): the engine %s",
             self.controller.steps_decided,
@@ -234,11 +245,9 @@ class HybridEngine:
             outcome = self._real_step(plan.phase, record, timed_optimizer_step, skip_nonfinite_step)
         else:
             outcome = self._predict_step(record.loss if plan.measure_loss else None, record.learning_rate)
-        if self._memory_changed or not plan.phase.runs_backward or self.predictor.observed <= 2:
+        if self.meter.changed or not plan.phase.runs_backward or self.predictor.observed <= 2:
             # buffers appear at a wake-up, a phase's snapshot, a predicted write, a predictor's first updates
-            self.current_memory = self.memory()
-            self.peak_memory = {k: max(self.peak_memory[k], n) for k, n in self.current_memory.items()}
-            self._memory_changed = False
+            self.meter.update()
         self.seconds += time.perf_counter() - started - optimizer_seconds
         return outcome
 
@@ -275,7 +284,7 @@ class HybridEngine:
             if self.controller.predict_remaining > 0:
                 # intermediate CORRECT: the validated state is the new rollback point
                 self.guard.take_snapshot()
-                self._memory_changed = True
+                self.meter.changed = True
             else:
                 skill = 0.0 if residual is None else residual.skill(self.corrector.scale)
                 # a phase validated under a CAUTION keeps the halved cap instead of widening it again
@@ -337,26 +346,10 @@ class HybridEngine:
     def _validate_phase(self, loss: float | None) -> list[Alarm]:
         """The CORRECT step's verdict on the predicted updates since the last validated point: with a
         probe, did its loss fall; otherwise did the training loss regress past the noise."""
-        phase = self.phase
-        if (
-            self.probe is not None
-            and phase.probe_before is not None
-            and loss is not None
-            and math.isfinite(loss)
-        ):
-            after = self._probe()
-            if not after < phase.probe_before:
-                return [
-                    Alarm(
-                        DivergenceLevel.WARNING,
-                        f"probe loss did not fall ({phase.probe_before:.4f} -> {after:.4f})",
-                    )
-                ]
-            phase.probe_before = after  # the next stretch of this phase starts here
-            return []
-        if phase.regressed(loss, self.config.divergence_sigma):
-            return [Alarm(DivergenceLevel.WARNING, "loss regressed over the predict phase")]
-        return []
+        probed = self.probe is not None and self.phase.probe_before is not None
+        probe_after = self._probe() if probed and loss is not None and math.isfinite(loss) else None
+        failure = self.phase.verdict(loss, probe_after, self.config.divergence_sigma)
+        return [] if failure is None else [Alarm(DivergenceLevel.WARNING, failure)]
 
     # ---- predicted steps ------------------------------------------------------------------------
 
@@ -449,8 +442,13 @@ class HybridEngine:
 
     def _open_phase(self) -> None:
         self.guard.take_snapshot()
-        self._memory_changed = True
-        mean, std = self._phase_reference()
+        self.meter.changed = True
+        forecaster = self.losses.forecaster
+        forecast = None
+        if forecaster is not None and forecaster.num_observed:
+            forecast = lambda: forecaster.forecast(1).mean[0]  # noqa: E731 - only run when enough losses
+        full = [r.loss_actual for r in self.store.recent(REFERENCE_WINDOW, phase="full")]
+        mean, std = reference_level(forecast, full) or self.monitor.loss_stats()
         self.phase = PredictPhase(
             opened_at=self.controller.steps_decided,
             horizon=self.controller.horizon,
@@ -465,33 +463,13 @@ class HybridEngine:
         later horizons, free the snapshot."""
         phase, self.phase = self.phase, None
         failed = how is not PhaseEnd.COMPLETED
-        self._memory_changed = True  # the snapshot is freed
+        self.meter.changed = True  # the snapshot is freed
         if self.config.use_bandit and phase.horizon in self.bandit.arms:
             self.bandit.update(
                 phase.horizon, phase_reward(phase.predicted, self.config.schedule.full_steps, failed, skill)
             )
         self.controller.end_phase(failed, widen)
         self.guard.drop_snapshot()
-
-    def _phase_reference(self) -> tuple[float, float]:
-        """Loss level a predict phase must not regress from (the forecaster's one-step forecast) and the
-        batch-to-batch noise of FULL-step losses (robust: median absolute change).
-
-        Not the monitor's running statistics: on a falling loss their mean lags and their spread is mostly
-        trend, and the forecaster's error grows with every spike it sees; with either, phases that raised
-        the loss by 1.5 passed (tests/faults, a confidently wrong predictor).
-        """
-        full = [r.loss_actual for r in self.store.recent(17, phase="full")]
-        full = [x for x in full if x is not None and math.isfinite(x)]
-        forecaster = self.losses.forecaster
-        if forecaster is not None and forecaster.num_observed and len(full) >= 5:
-            mean = forecaster.forecast(1).mean[0]
-            changes = sorted(abs(b - a) for a, b in zip(full, full[1:], strict=False))
-            # median |x_t - x_{t-1}| of Gaussian noise = 0.954 sigma
-            std = max(changes[len(changes) // 2] / 0.954, REL_NOISE_FLOOR * abs(mean))
-            if math.isfinite(mean) and math.isfinite(std) and std > 0:
-                return mean, std
-        return self.monitor.loss_stats()
 
     def _forecast_error(self, loss: float | None) -> float | None:
         """Signed (actual - forecast): the monitor scores it one-sided, so a better loss never alarms."""
@@ -549,17 +527,10 @@ class HybridEngine:
         """Measured: mean recent skill of the predictor, capped by the loss forecaster's calibration."""
         confidence = self.corrector.confidence(self.store)
         if self.losses.trusted:
-            confidence = min(confidence, self._loss_calibration())
+            _, std = self.monitor.loss_stats()
+            tolerance = 2.0 * std if math.isfinite(std) and std > 0 else math.inf
+            confidence = min(confidence, self.store.loss_calibration(tolerance))
         return confidence
-
-    def _loss_calibration(self) -> float:
-        """Share of recent CORRECT-step losses inside the forecaster's tolerance (1 with none yet)."""
-        recent = [r for r in self.store.recent(32) if r.loss_error is not None and r.phase == "correct"]
-        if not recent:
-            return 1.0
-        _, std = self.monitor.loss_stats()
-        tolerance = 2.0 * std if math.isfinite(std) and std > 0 else float("inf")
-        return sum(abs(r.loss_error) <= tolerance for r in recent) / len(recent)
 
     def compute_units(self) -> float:
         """Forward-pass units spent: 3 per real step, 1 per checked predicted step, the probe's cost."""
@@ -568,17 +539,11 @@ class HybridEngine:
     def stats(self) -> dict[str, Any]:
         """Counters and bytes (deterministic: a resumed run reports what the uninterrupted one does), the
         highest confidence reached against the threshold, and the predictor's name."""
-        memory = self.current_memory
         return {
             **self.counters.summary(self.config.probe_cost),
             "predictor": self.predictor_name,
             "predictor_bytes": self.predictor.nbytes(),
-            "engine_bytes": sum(memory.values()),
-            "engine_device_bytes": memory["device"],
-            "engine_host_bytes": memory["host"],
-            "engine_peak_bytes": sum(self.peak_memory.values()),
-            "engine_peak_device_bytes": self.peak_memory["device"],
-            "engine_peak_host_bytes": self.peak_memory["host"],
+            **self.meter.stats(),
             "max_confidence": self.max_confidence,
             "confidence_threshold": self.config.schedule.confidence_threshold,
         }
@@ -587,53 +552,53 @@ class HybridEngine:
         """Scalars for the training log (keys without the `hybrid/` prefix)."""
         stats = self.stats()
         out: dict[str, float] = {
-            "phase": float(self.controller.phase.index if self.controller.phase else 0),
+            **self.controller.metrics(),
             "confidence": self.confidence(),
-            "horizon": float(self.controller.horizon),
-            "horizon_cap": float(self.controller.horizon_cap),
             "corrector_scale": self.corrector.scale,
             "divergence_level": float(self.last_level),
             "awake": float(self.awake),
             **self.store.summary(self.corrector.scale, recent=16),
+            **{key: float(stats[key]) for key in LOGGED_STATS},
+            **{f"steps_{phase}": float(n) for phase, n in stats["steps_per_phase"].items()},
+            **self.losses.metrics(),
         }
-        for key in (
-            "backward_run",
-            "backward_skipped",
-            "predict_phases",
-            "backward_skipped_fraction",
-            "compute_saved_fraction",
-            "rollbacks",
-            "predictor_bytes",
-            "engine_bytes",
-        ):
-            out[key] = float(stats[key])
-        for phase, count in stats["steps_per_phase"].items():
-            out[f"steps_{phase}"] = float(count)
-        out.update(self.losses.metrics())
         if self.last_predicted_loss is not None:
             out["predicted_loss"] = self.last_predicted_loss
         if self.last_measured_loss is not None:
             out["measured_loss"] = self.last_measured_loss
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
 
-    def memory(self) -> dict[str, int]:
-        """Bytes of the engine's own tensors, by where they live (`device`: an accelerator; `host`)."""
-        tensors = [
+    def _tensors(self) -> list[torch.Tensor]:
+        return [
             *self.watch.tensors(),
             *self.guard.snapshot.values(),
             *self.guard.compensation.values(),
             *self.losses.tensors(),
         ]
-        out = {"device": 0, "host": 0}
-        for t in tensors:
-            out["host" if t.device.type == "cpu" else "device"] += t.numel() * t.element_size()
-        return out
+
+    def memory(self) -> dict[str, int]:
+        """Bytes of the engine's own tensors now, by where they live (`device`: an accelerator; `host`)."""
+        return self.meter.measure()
 
     def nbytes(self) -> int:
         """Bytes of the engine's tensors now (counted; `memory()` splits them by device)."""
         return sum(self.memory().values())
 
     # ---- checkpointing ---------------------------------------------------------------------------
+
+    def _parts(self) -> dict[str, Any]:
+        """The components that checkpoint themselves, in the order they are restored."""
+        return {
+            "controller": self.controller,
+            "bandit": self.bandit,
+            "watch": self.watch,
+            "losses": self.losses,
+            "monitor": self.monitor,
+            "store": self.store,
+            "corrector": self.corrector,
+            "guard": self.guard,
+            "counters": self.counters,
+        }
 
     def parameter_fingerprint(self) -> dict[str, list[int]]:
         return parameter_fingerprint(self.params)
@@ -650,15 +615,7 @@ class HybridEngine:
             "format_version": FORMAT_VERSION,
             "config": self.config.fingerprint(),
             "parameters": self.parameter_fingerprint(),
-            "controller": self.controller.state_dict(),
-            "bandit": self.bandit.state_dict(),
-            "watch": self.watch.state_dict(),
-            "losses": self.losses.state_dict(),
-            "monitor": self.monitor.state_dict(),
-            "store": self.store.state_dict(),
-            "corrector": self.corrector.state_dict(),
-            "guard": self.guard.state_dict(),
-            "counters": self.counters.state_dict(),
+            **{name: part.state_dict() for name, part in self._parts().items()},
             "phase": None if self.phase is None else self.phase.state_dict(),
             "steps_since_real": self.steps_since_real,
             "last_level": int(self.last_level),
@@ -666,7 +623,7 @@ class HybridEngine:
             "last_measured_loss": self.last_measured_loss,
             "max_confidence": self.max_confidence,
             "seconds": self.seconds,
-            "peak_memory": dict(self.peak_memory),
+            "peak_memory": self.meter.state_dict(),
             **({"sharding": self.shards.describe()} if self.shards.sharded else {}),
         }
 
@@ -682,15 +639,8 @@ class HybridEngine:
         problem = problem or describe_mismatch(state["config"], state["parameters"], self.config, self.params)
         if problem:
             raise ValueError(problem)
-        self.controller.load_state_dict(state["controller"])
-        self.bandit.load_state_dict(state["bandit"])
-        self.watch.load_state_dict(state["watch"])
-        self.losses.load_state_dict(state["losses"])
-        self.monitor.load_state_dict(state["monitor"])
-        self.store.load_state_dict(state["store"])
-        self.corrector.load_state_dict(state["corrector"])
-        self.guard.load_state_dict(state["guard"])
-        self.counters.load_state_dict(state["counters"])
+        for name, part in self._parts().items():
+            part.load_state_dict(state[name])
         self.phase = None if state["phase"] is None else PredictPhase.from_state(state["phase"])
         self.steps_since_real = int(state["steps_since_real"])
         self.last_level = DivergenceLevel(int(state["last_level"]))
@@ -698,8 +648,7 @@ class HybridEngine:
         self.last_measured_loss = state["last_measured_loss"]
         self.max_confidence = float(state["max_confidence"])
         self.seconds = float(state["seconds"])
-        self.peak_memory = {kind: int(n) for kind, n in state["peak_memory"].items()}
-        self.current_memory = self.memory()
+        self.meter.load_state_dict(state["peak_memory"])
         self.plan = None
 
 

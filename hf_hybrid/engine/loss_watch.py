@@ -51,9 +51,9 @@ class LossWatch:
             return {}
         errors = self.forecaster.errors()
         return {
-            "dynamics_trusted": float(self.forecaster.trusted),
-            "dynamics_mae": errors["gru_mae"],
-            "dynamics_baseline_mae": min(errors["last_value_mae"], errors["ema_mae"]),
+            "loss_forecast_trusted": float(self.forecaster.trusted),
+            "loss_forecast_mae": errors["gru_mae"],
+            "loss_forecast_baseline_mae": min(errors["last_value_mae"], errors["ema_mae"]),
         }
 
     def tensors(self) -> list[torch.Tensor]:

@@ -65,7 +65,7 @@ class PhaseSchedule:
             self.max_predict_steps,
             low,
             MAX_HORIZON,
-            bounds=f"an integer in [{low}, {MAX_HORIZON}] (at least `min_predict_steps`)",
+            bounds=f"an integer in [{low}, {MAX_HORIZON}] (at least `min_predict_steps`, which is {low})",
         )
         check_float("confidence_threshold", self.confidence_threshold, 0.0, 1.0)
         if self.script is not None and not all(isinstance(p, Phase) for p in self.script):
@@ -187,6 +187,14 @@ class PhaseController:
     def relax(self) -> None:
         """After a phase that went well, let the cap grow back towards the maximum."""
         self.horizon_cap = min(self.schedule.max_predict_steps, self.horizon_cap * 2)
+
+    def metrics(self) -> dict[str, float]:
+        """The current phase (its code, `Phase.index`; 0 before the first step) and horizons."""
+        return {
+            "phase": float(self.phase.index if self.phase else 0),
+            "horizon": float(self.horizon),
+            "horizon_cap": float(self.horizon_cap),
+        }
 
     def state_dict(self) -> dict[str, Any]:
         return {

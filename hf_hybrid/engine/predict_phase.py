@@ -8,6 +8,7 @@ and closes it once, with a `PhaseEnd`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
@@ -43,6 +44,19 @@ class PredictPhase:
         if loss is not None:
             self.losses.append(loss)
 
+    def verdict(self, loss: float | None, probe_after: float | None, sigma: float) -> str | None:
+        """Why the predicted updates since the last validated point failed, or None if they held.
+
+        With a probe reading (`probe_after`, taken at this CORRECT step) the probe's loss must have fallen
+        since `probe_before`, which then moves here (the next stretch of this phase starts from it);
+        without one, the training loss must not have regressed (`regressed`)."""
+        if probe_after is not None and self.probe_before is not None:
+            if not probe_after < self.probe_before:
+                return f"probe loss did not fall ({self.probe_before:.4f} -> {probe_after:.4f})"
+            self.probe_before = probe_after
+            return None
+        return "loss regressed over the predict phase" if self.regressed(loss, sigma) else None
+
     def regressed(self, loss: float | None, sigma: float) -> bool:
         """Did the loss over the phase (its checked steps + this CORRECT step's) rise past tolerance?
 
@@ -63,3 +77,30 @@ class PredictPhase:
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> PredictPhase:
         return cls(**{**state, "losses": [float(x) for x in state["losses"]]})
+
+
+# Lower bound of the loss noise a predict phase is judged against, relative to the loss.
+REL_NOISE_FLOOR = 1e-3
+
+
+def reference_level(
+    forecast: Callable[[], float] | None, full_losses: list[float | None]
+) -> tuple[float, float] | None:
+    """Loss level a predict phase must not regress from (the loss forecaster's one-step `forecast()`) and
+    the batch-to-batch noise of recent FULL-step losses (robust: median absolute change); None when there
+    is no forecast or fewer than 5 losses (the caller falls back to the monitor's running statistics).
+
+    Not the monitor's running statistics first: on a falling loss their mean lags and their spread is
+    mostly trend, and the forecaster's error grows with every spike it sees; with either, phases that
+    raised the loss by 1.5 passed (tests/faults, a confidently wrong predictor).
+    """
+    full = [x for x in full_losses if x is not None and math.isfinite(x)]
+    if forecast is None or len(full) < 5:
+        return None
+    mean = forecast()
+    changes = sorted(abs(b - a) for a, b in zip(full, full[1:], strict=False))
+    # median |x_t - x_{t-1}| of Gaussian noise = 0.954 sigma
+    std = max(changes[len(changes) // 2] / 0.954, REL_NOISE_FLOOR * abs(mean))
+    if math.isfinite(mean) and math.isfinite(std) and std > 0:
+        return mean, std
+    return None

@@ -63,6 +63,14 @@ class DeltaPredictor(ABC):
     supports_sampling: ClassVar[bool] = True
     supports_sharding: ClassVar[bool] = True
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass that sets no `name` is called by its class name until it is registered: an instance
+        passed to the engine needs no registration, but its checkpoint and `hybrid_stats()` name it."""
+        super().__init_subclass__(**kwargs)
+        if not hasattr(cls, "name"):
+            cls.name = cls.__qualname__
+            cls._default_name = True
+
     def __init__(self) -> None:
         self.observed = 0
 
@@ -122,7 +130,7 @@ def register_predictor(
         raise ValueError(f"a predictor name must be a non-empty string other than {AUTO!r}, got {name!r}")
     if not (isinstance(cls, type) and issubclass(cls, DeltaPredictor)):
         raise TypeError(f"register_predictor({name!r}, ...) needs a DeltaPredictor subclass, got {cls!r}")
-    own = cls.__dict__.get("name")
+    own = None if cls.__dict__.get("_default_name") else cls.__dict__.get("name")
     if own is not None and own != name:
         raise ValueError(f"{cls.__qualname__}.name is {own!r}; register it under that name, not {name!r}")
     if name in _REGISTRY and _REGISTRY[name] is not cls and not override:
@@ -132,6 +140,7 @@ def register_predictor(
             "pass override=True to replace it, or choose another name"
         )
     cls.name = name
+    cls._default_name = False
     _REGISTRY[name] = cls
     return cls
 

@@ -92,6 +92,14 @@ class ResidualStore:
             out["residual_rel_norm"] = sum(relative) / len(relative)
         return out
 
+    def loss_calibration(self, tolerance: float, recent: int = 32) -> float:
+        """Share of the recent CORRECT-step losses that the loss forecaster predicted within `tolerance`
+        (1 with none yet): it caps the confidence once the forecaster is trusted."""
+        scored = [r for r in self.recent(recent) if r.loss_error is not None and r.phase == "correct"]
+        if not scored:
+            return 1.0
+        return sum(abs(r.loss_error) <= tolerance for r in scored) / len(scored)
+
     def state_dict(self) -> dict[str, Any]:
         return {"capacity": self.capacity, "total": self.total, "items": [asdict(r) for r in self._items]}
 

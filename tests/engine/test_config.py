@@ -34,7 +34,7 @@ SCHEDULE_BAD = [
     ("correction_interval", -1, r"an integer >= 0"),
     ("min_history", 0, r"an integer >= 1"),
     ("min_predict_steps", 0, r"an integer in \[1, 1024\]"),
-    ("max_predict_steps", 2000, r"an integer in \[2, 1024\] \(at least `min_predict_steps`\)"),
+    ("max_predict_steps", 2000, r"an integer in \[2, 1024\] \(at least `min_predict_steps`, which is 2\)"),
     ("confidence_threshold", 1.5, r"a number in \[0.0, 1.0\]"),
     ("confidence_threshold", float("nan"), r"a number in \[0.0, 1.0\]"),
     ("script", ("full",), r"None or a sequence of Phase values"),
@@ -60,12 +60,13 @@ def test_an_inverted_horizon_range_names_both_fields() -> None:
     with pytest.raises(ConfigError) as info:
         PhaseSchedule(min_predict_steps=8, max_predict_steps=4)
     assert str(info.value) == (
-        "`max_predict_steps` must be an integer in [8, 1024] (at least `min_predict_steps`), got 4"
+        "`max_predict_steps` must be an integer in [8, 1024] "
+        "(at least `min_predict_steps`, which is 8), got 4"
     )
     renamed = info.value.message(lambda name: f"hybrid_{name}")
     assert renamed == (
         "`hybrid_max_predict_steps` must be an integer in [8, 1024] "
-        "(at least `hybrid_min_predict_steps`), got 4"
+        "(at least `hybrid_min_predict_steps`, which is 8), got 4"
     )
 
 
