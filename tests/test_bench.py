@@ -291,3 +291,19 @@ def test_tiny_suite_says_its_runs_are_too_short_to_time(tiny_bench):
     assert summary["hybrid_speedup_time_verdict"] == "too_short"
     assert summary["plain_eval_loss_spread"] is None
     assert "lr_sweep" in summary["clock_noise_sources"]  # the two sweep rates did the same work
+
+
+def test_the_gpu_task_is_gpt2s_124m_configuration_built_afresh_each_time():
+    """The GPU overhead check's model (`scripts/gpu_checks.sh`): 124M parameters, a new model per run
+    (a benchmark that handed back a trained model would compare runs that did not start alike)."""
+    from hf_hybrid.bench.tasks import get_task
+
+    task = get_task("clm_gpt2_124m")
+    first, train, _ = task.build(task.size("tiny"), 0)
+    second, _, _ = task.build(task.size("tiny"), 0)
+    assert first is not second
+    assert 124_000_000 < sum(p.numel() for p in first.parameters()) < 125_000_000
+    assert all(
+        p.data_ptr() != q.data_ptr() for p, q in zip(first.parameters(), second.parameters(), strict=True)
+    )
+    assert max(max(row) for row in train["input_ids"]) < 256  # the byte-level corpus

