@@ -521,7 +521,7 @@ def stage(opts, name: str, path: Path) -> None:
         best_lr_sweep(opts, path, data, "plain", {}, base_lr, opts.multipliers)
     elif name == "frontier":
         lr = plain_best_lr(data)
-        for seed in SEEDS:
+        for seed in opts.frontier_seeds:
             for budget in BUDGETS:
                 ensure(opts, path, load(path), {"method": "plain", "seed": seed, "lr": lr, "budget": budget})
     elif name == "static":
@@ -797,6 +797,7 @@ def main() -> None:
         "--policy", action="append", default=[], help="Policy fields, e.g. signal=update,tau=0.5"
     )
     parser.add_argument("--adaptive-mults", type=float, nargs="+", default=[1.0])
+    parser.add_argument("--frontier-seeds", type=int, nargs="+", default=list(SEEDS))
     parser.add_argument("--stage", nargs="+", required=True)
     parser.add_argument("--out", required=True)
     opts = parser.parse_args()
