@@ -164,14 +164,6 @@ class HybridHFTrainer(Trainer):
             return self.accelerator.num_processes
         return 1
 
-    def _inner_training_loop(self, *args: Any, **kwargs: Any) -> Any:
-        """Thin wrapper: after a finished run, the phase-timeline plot and the summary in the log."""
-        result = super()._inner_training_loop(*args, **kwargs)
-        self._publish_timeline_plot()
-        if self.engine is not None and self.is_world_process_zero():
-            logger.info(run_summary(self.hybrid_stats()))
-        return result
-
     def _prepare_for_training(
         self, max_steps: int, train_dataloader: Any, resume_from_checkpoint: Any
     ) -> Any:
@@ -627,7 +619,8 @@ _SUMMARY_KEYS = (
 
 
 class _HybridStepCallback(TrainerCallback):
-    """After each optimizer step, the timeline row."""
+    """After each optimizer step, the timeline row; after the last, the timeline plot and the summary in
+    the log (registered after the reporters, so a W&B run is still open for the plot)."""
 
     def __init__(self, trainer: HybridHFTrainer) -> None:
         self.trainer = trainer
@@ -636,6 +629,11 @@ class _HybridStepCallback(TrainerCallback):
         optimizer = self.trainer.optimizer
         if self.trainer.engine is not None and isinstance(optimizer, HybridOptimizer):
             self.trainer._record_outcome(optimizer.last_outcome)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.trainer._publish_timeline_plot()
+        if self.trainer.engine is not None and state.is_world_process_zero:
+            logger.info(run_summary(self.trainer.hybrid_stats()))
 
 
 class _HybridProgressCallback(ProgressCallback):
