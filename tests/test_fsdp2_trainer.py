@@ -232,3 +232,8 @@ def test_lora_adapters_under_fsdp2_predict_like_one_process(tmp_path):
     assert rank0["params_sha256"] == rank1["params_sha256"]
     pairs = zip(rank0["losses"], reference["losses"], strict=True)
     assert all(_close(a, b) for a, b in pairs), (rank0["losses"], reference["losses"])
+    gathered = load_file(str(sharded / "run_weights.safetensors"))  # the adapters, gathered
+    alone_weights = load_file(str(single / "run_weights.safetensors"))
+    adapters = [name for name in alone_weights if "lora_" in name]
+    assert adapters and gathered.keys() == alone_weights.keys()
+    assert max(float((gathered[n] - alone_weights[n]).abs().max()) for n in adapters) <= WEIGHT_TOL
