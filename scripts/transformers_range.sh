@@ -1,18 +1,17 @@
 #!/usr/bin/env bash
 # Run the tests that touch Trainer internals against each transformers release in the supported range.
 #
-#   scripts/transformers_range.sh [VERSION ...]      # default: the newest release of each minor in the pin
+#   scripts/transformers_range.sh [VERSION ...]      # default: every release the pin admits
 #
 # Each version is installed (without dependencies) into its own folder under .transformers-range/ and put
 # first on PYTHONPATH of the project's venv (.venv, made by the README's test command), so everything else
 # stays as pinned. Not part of CI (it downloads one wheel per version and runs the trainer tests once per
-# version); the `transformers` pin in pyproject.toml is the range this script passed, read as the newest
-# patch release of each minor (earlier patches of a minor are not run).
+# version); the `transformers` pin in pyproject.toml is the range this script passed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
 versions=("$@")
-[ ${#versions[@]} -gt 0 ] || versions=(5.19.0 5.20.2 5.21.1 5.22.2 5.23.0 5.24.0)
+[ ${#versions[@]} -gt 0 ] || versions=(5.19.0 5.20.0 5.20.1 5.20.2 5.21.0 5.21.1 5.22.0 5.22.1 5.22.2 5.23.0 5.24.0)
 tests=(tests/test_trainer_fidelity.py tests/test_trainer_phases.py tests/test_checkpoint.py tests/test_args.py
        tests/test_peft.py tests/test_precision.py tests/test_telemetry.py tests/test_extension_api.py
        tests/test_console.py tests/test_model_card.py)
