@@ -489,12 +489,7 @@ class HybridHFTrainer(Trainer):
         if entry is not None:
             try:
                 tree = read_engine_tree(rank_pair(entry, 0), checkpoint)  # the same counters on every rank
-                self.engine.counters.load_state_dict(tree["counters"])
-                self.engine.seconds = float(tree["seconds"])  # the engine's cost is the run's, too
-                peak = {
-                    kind: max(int(n), self.engine.meter.peak[kind]) for kind, n in tree["peak_memory"].items()
-                }
-                self.engine.meter.peak = peak
+                self.engine.continue_accounting(tree)
                 carried = "the counters, the engine's time and peak bytes, and the phase timeline"
             except (HybridCheckpointError, KeyError, TypeError, ValueError) as exc:
                 logger.warning(
@@ -676,7 +671,7 @@ class _HybridPrinterCallback(PrinterCallback):
 
 def _phase_name(code: float) -> str:
     """`hybrid/phase` as the console shows it: the name of the phase whose `Phase.index` it is."""
-    return next((phase.value for phase in Phase if phase.index == int(code)), str(code))
+    return list(Phase)[int(code)].value
 
 
 def _check_not_empty(dataset: Any) -> None:

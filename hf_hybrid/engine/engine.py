@@ -627,6 +627,13 @@ class HybridEngine:
             **({"sharding": self.shards.describe()} if self.shards.sharded else {}),
         }
 
+    def continue_accounting(self, state: Mapping[str, Any]) -> None:
+        """A new engine that carries on a run (`hybrid_restart_engine`): the counters, the engine's own
+        time and its peak bytes continue from a saved state; everything it learnt starts over."""
+        self.counters.load_state_dict(state["counters"])
+        self.seconds = float(state["seconds"])
+        self.meter.merge_peak(state["peak_memory"])
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a saved engine; refuses a state that belongs to another configuration or model."""
         version = state.get("format_version")

@@ -44,6 +44,10 @@ class MemoryMeter:
             "engine_peak_host_bytes": self.peak["host"],
         }
 
+    def merge_peak(self, peak: Mapping[str, int]) -> None:
+        """Take an earlier engine's peak into this one's (a restarted engine carries on the run)."""
+        self.peak = {kind: max(n, int(peak.get(kind, 0))) for kind, n in self.peak.items()}
+
     def state_dict(self) -> dict[str, int]:
         return dict(self.peak)
 
