@@ -246,7 +246,24 @@ def test_a_probe_that_says_worse_rolls_every_phase_back(tmp_path):
     trainer = hybrid_trainer(tmp_path, max_steps=40, hybrid_probe_batches=1)
     rising = iter(range(10_000))
     trainer._build_probe = lambda: lambda: float(next(rising))  # every phase made the probe loss worse
+    weights: list[dict[str, torch.Tensor]] = []  # the trainable weights after each step
+    trainer.add_callback(
+        EveryStep(
+            trainer, lambda tr: weights.append({n: p.detach().clone() for n, p in tr.engine.params.items()})
+        )
+    )
     trainer.train()
+    phases = [row["phase"] for row in trainer.hybrid_timeline]
     correct_rows = [row for row in trainer.hybrid_timeline if row["phase"] == "correct"]
     assert correct_rows and all(row["rolled_back"] for row in correct_rows)
     assert trainer.hybrid_stats()["rollbacks"] >= len(correct_rows)
+    # each CORRECT step ends with the weights bit for bit as they were when its phase opened (the step
+    # before its first PREDICT step), although its predicted steps had moved them
+    assert len(weights) == len(phases) == 40
+    for end in (i for i, phase in enumerate(phases) if phase == "correct"):
+        start = end
+        while phases[start - 1] == "predict":
+            start -= 1
+        opened = weights[start - 1]
+        assert any(not torch.equal(weights[end - 1][n], opened[n]) for n in opened), end
+        assert all(torch.equal(weights[end][n], opened[n]) for n in opened), end

@@ -358,9 +358,14 @@ class TestInjectedLosses:
                 and lp.engine.controller.predicted_since_correct == 2
             )
         )
+        assert loop.engine.controller.predict_remaining > 0  # the next CORRECT does not close the phase
+        snapshot = _clone(loop.engine.guard.snapshot)  # taken when the phase opened
+        assert not _equal(snapshot, loop.params)  # its predicted steps moved the weights
         record = loop.step(loss_override=1e3)
         assert record.plan.phase is Phase.CORRECT
         assert record.outcome.rolled_back
+        assert record.optimizer_calls == 1  # the real step ran, then was undone with the phase
+        assert _equal(loop.params, snapshot)  # bit-exact: where the phase began
         assert loop.engine.stats()["rollbacks"] == 1
         assert not loop.engine.controller.in_predict_phase
         assert loop.engine.phase is None
