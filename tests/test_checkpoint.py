@@ -6,13 +6,25 @@ import json
 
 import pytest
 import torch
-from helpers import SaveAt, counters, hybrid_trainer, step_logs
+from helpers import EveryStep, SaveAt, counters, hybrid_trainer, step_logs
+from transformers import TrainerCallback
 
 from hf_hybrid.checkpoint import HYBRID_STATE_FILE, HYBRID_STATE_JSON, HybridCheckpointError, _sha256
 
 
 def _params(trainer):
     return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+
+def _assert_refused_before_any_step(trainer, checkpoint, match):
+    """The README's promise: a checkpoint the engine cannot use is refused before any step is taken,
+    not even a forward pass."""
+    forwards, steps = [], []
+    trainer.model.register_forward_hook(lambda *args: forwards.append(1))
+    trainer.add_callback(EveryStep(trainer, lambda tr: steps.append(tr.state.global_step)))
+    with pytest.raises(HybridCheckpointError, match=match):
+        trainer.train(resume_from_checkpoint=str(checkpoint))
+    assert forwards == [] and steps == []  # (global_step may be the checkpoint's: its state was read)
 
 
 @pytest.fixture(scope="module")
@@ -78,18 +90,16 @@ def test_a_corrupt_tensor_file_is_refused_with_a_clear_message(straight_run, tmp
     data = (folder / HYBRID_STATE_FILE).read_bytes()
     (folder / HYBRID_STATE_FILE).write_bytes(data[: len(data) // 2])
     trainer = hybrid_trainer(tmp_path / "run", max_steps=40)
-    with pytest.raises(HybridCheckpointError, match="corrupt or truncated.*hybrid_restart_engine=True"):
-        trainer.train(resume_from_checkpoint=str(folder))
+    _assert_refused_before_any_step(trainer, folder, "corrupt or truncated.*hybrid_restart_engine=True")
 
 
 def test_a_changed_predictor_is_refused_and_restart_engine_accepts_it(straight_run, tmp_path, caplog):
     out, straight, saved = straight_run
     folder = str(out / f"checkpoint-{saved['correct']}")
     trainer = hybrid_trainer(tmp_path / "a", max_steps=40, hybrid_predictor="lowrank")
-    with pytest.raises(
-        HybridCheckpointError, match=r"configuration differs.*'hybrid_predictor': \('ema', 'lowrank'\)"
-    ):
-        trainer.train(resume_from_checkpoint=folder)
+    _assert_refused_before_any_step(
+        trainer, folder, r"configuration differs.*'hybrid_predictor': \('ema', 'lowrank'\)"
+    )
     trainer = hybrid_trainer(
         tmp_path / "b", max_steps=40, hybrid_predictor="lowrank", hybrid_restart_engine=True
     )
@@ -191,12 +201,49 @@ def test_plain_trainer_checkpoint_resumes_into_hybrid_with_a_fresh_engine(tmp_pa
 
 
 def test_hybrid_checkpoint_resumes_into_the_plain_trainer(straight_run, tmp_path):
-    from helpers import plain_trainer
+    """The plain Trainer loads the checkpoint's weights as saved (mid predict phase) and continues exactly
+    as from the same checkpoint with every hybrid file and entry removed: the hybrid state is ignored."""
+    import shutil
+
+    from safetensors.torch import load_file
 
     out, _, saved = straight_run
-    plain = plain_trainer(tmp_path, max_steps=40, restore_callback_states_from_checkpoint=True)
-    plain.train(resume_from_checkpoint=str(out / f"checkpoint-{saved['mid_predict']}"))
+    step = saved["mid_predict"]
+    checkpoint = out / f"checkpoint-{step}"
+    stripped = tmp_path / f"stripped/checkpoint-{step}"
+    shutil.copytree(checkpoint, stripped)
+    for path in stripped.glob("hybrid_*"):
+        path.unlink()
+    state = json.loads((stripped / "trainer_state.json").read_text())
+    del state["stateful_callbacks"]["HybridStateCallback"]
+    (stripped / "trainer_state.json").write_text(json.dumps(state))
+
+    hybrid_ckpt, loaded = _plain_resume(checkpoint, tmp_path / "from-hybrid")
+    reference, _ = _plain_resume(stripped, tmp_path / "from-stripped")
+    weights = load_file(str(checkpoint / "model.safetensors"))
+    assert weights and all(torch.equal(loaded[name], value) for name, value in weights.items())
+    assert len(step_logs(hybrid_ckpt, "loss")) == 40  # the checkpoint's log history, then the resumed steps
+    assert step_logs(hybrid_ckpt, "loss")[step:] == step_logs(reference, "loss")[step:]
+    expected = _params(reference)
+    assert all(torch.equal(value, expected[name]) for name, value in _params(hybrid_ckpt).items())
+
+
+class _WeightsAtTrainBegin(TrainerCallback):
+    """The model's weights when training begins (after a checkpoint was loaded)."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self.weights = {name: t.detach().clone() for name, t in model.state_dict().items()}
+
+
+def _plain_resume(folder, out):
+    from helpers import plain_trainer
+
+    plain = plain_trainer(out, max_steps=40, restore_callback_states_from_checkpoint=True)
+    at_begin = _WeightsAtTrainBegin()
+    plain.add_callback(at_begin)
+    plain.train(resume_from_checkpoint=str(folder))
     assert plain.state.global_step == 40
+    return plain, at_begin.weights
 
 
 def test_another_lora_rank_is_refused(tmp_path):
@@ -207,10 +254,9 @@ def test_another_lora_rank_is_refused(tmp_path):
     )
     first.train()
     second = hybrid_trainer(tmp_path / "b", model=lora_gpt2(rank=8), max_steps=20)
-    with pytest.raises(
-        HybridCheckpointError, match=r"trainable parameters differ.*different shapes \['base_model"
-    ):
-        second.train(resume_from_checkpoint=str(tmp_path / "checkpoint-12"))
+    _assert_refused_before_any_step(
+        second, tmp_path / "checkpoint-12", r"trainable parameters differ.*different shapes \['base_model"
+    )
 
 
 def _edit_state(folder, edit_entry=None, edit_tree=None):
@@ -247,8 +293,7 @@ def test_damaged_or_newer_state_entries_are_refused(
     shutil.copytree(out / f"checkpoint-{saved['correct']}", folder)
     _edit_state(folder, entry_damage, tree_damage)
     trainer = hybrid_trainer(tmp_path / "run", max_steps=40)
-    with pytest.raises(HybridCheckpointError, match=message):
-        trainer.train(resume_from_checkpoint=str(folder))
+    _assert_refused_before_any_step(trainer, folder, message)
 
 
 def test_an_edited_state_file_is_refused_by_its_checksum(straight_run, tmp_path):
@@ -261,8 +306,7 @@ def test_an_edited_state_file_is_refused_by_its_checksum(straight_run, tmp_path)
     tree["counters"]["rollbacks"] = 99
     (folder / HYBRID_STATE_JSON).write_text(json.dumps(tree))
     trainer = hybrid_trainer(tmp_path / "run", max_steps=40)
-    with pytest.raises(HybridCheckpointError, match=r"hybrid_state.json is corrupt or truncated"):
-        trainer.train(resume_from_checkpoint=str(folder))
+    _assert_refused_before_any_step(trainer, folder, r"hybrid_state.json is corrupt or truncated")
 
 
 def test_a_missing_tensor_file_is_refused(straight_run, tmp_path):
@@ -273,8 +317,7 @@ def test_a_missing_tensor_file_is_refused(straight_run, tmp_path):
     shutil.copytree(out / f"checkpoint-{saved['correct']}", folder)
     (folder / HYBRID_STATE_FILE).unlink()
     trainer = hybrid_trainer(tmp_path / "run", max_steps=40)
-    with pytest.raises(HybridCheckpointError, match=r"hybrid_state.safetensors is missing"):
-        trainer.train(resume_from_checkpoint=str(folder))
+    _assert_refused_before_any_step(trainer, folder, r"hybrid_state.safetensors is missing")
 
 
 def test_rotation_keeps_each_hybrid_state_with_its_checkpoint(tmp_path):
