@@ -18,8 +18,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
 
+from .bench_cli import add_bench_parser, bench_main
 from .scripts import DEFAULT_TASK, TASKS
 
 TASK_FLAG = "--task"
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         "`hf-hybrid train --help` lists the main ones)",
         add_help=False,
     )
-    _add_bench_parser(sub)
+    add_bench_parser(sub)
     demo = sub.add_parser(
         "demo",
         help="plain Trainer vs HybridHFTrainer on a small model, offline, a few minutes on CPU",
@@ -94,42 +94,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_bench_parser(sub: Any) -> None:
-    bench = sub.add_parser(
-        "bench",
-        help="plain Trainer (tuned lr, several budgets) vs HybridHFTrainer vs a null control",
-        description="Runs every task with the plain transformers.Trainer (a learning-rate sweep, then its "
-        "frontier of step budgets at the best rate), HybridHFTrainer, and the null-predictor control, one "
-        "after the other in this process; writes results.json, report.md and a plot per task.",
-    )
-    bench.add_argument(
-        "--suite", choices=["tiny", "quick", "full"], default="quick", help="default: %(default)s"
-    )
-    bench.add_argument("--tasks", nargs="+", default=None, help="subset of the suite's tasks")
-    bench.add_argument("--seeds", nargs="+", type=int, default=None, help="override the suite's seeds")
-    bench.add_argument("--out", default=None, help="output folder (default: bench_results/<suite>)")
-    bench.add_argument(
-        "--hybrid",
-        action="append",
-        default=[],
-        metavar="FIELD=VALUE",
-        help="override a hybrid_* argument (repeatable), typed by its field: e.g. --hybrid "
-        "hybrid_predictor=lowrank; a dict field takes a JSON object",
-    )
-    bench.add_argument(
-        "--overhead",
-        action="store_true",
-        help="measure instead what the engine costs when it does not predict: alternating plain/hybrid "
-        "pairs of each task at the suite's size (time), and the engine's retained memory while asleep",
-    )
-    bench.add_argument(
-        "--pairs",
-        type=_positive_int,
-        default=3,
-        help="plain/hybrid pairs per task with --overhead (default: 3)",
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "train":  # the recipe's parser owns everything after `train`, its --help too
@@ -153,23 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 0
     if args.command == "bench":
-        from .bench import run_bench
-        from .bench.overrides import parse_hybrid_overrides
-
-        try:
-            overrides = parse_hybrid_overrides(args.hybrid)
-        except ValueError as exc:
-            parser.error(str(exc))
-        if args.overhead:
-            from .bench.overhead import run_overhead
-            from .bench.suite import SUITES
-
-            suite = SUITES[args.suite]
-            out = args.out or f"bench_results/overhead-{args.suite}"
-            run_overhead(args.tasks or suite["tasks"], suite["size"], args.pairs, out, overrides)
-            return 0
-        run_bench(args.suite, args.tasks, args.seeds, args.out, overrides)
-        return 0
+        return bench_main(args, parser)
     parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse rejects it first
     return 2
 

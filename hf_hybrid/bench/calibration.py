@@ -1,0 +1,129 @@
+"""The price of each kind of step on this task and machine, measured, in forward-pass units.
+
+One unit is the time of a forward pass over a training batch (under `no_grad`, in train mode: what a
+checked predicted step and a selective step's scoring pass run). A plain step (forward, backward,
+optimizer) costs what it measures, not the 3 units of the textbook rule: on a small CPU model the
+backward costs 0.64 forwards. A blind step (no pass over the model) costs 0 units: what it does spend
+(an update of the weights) shows in the time column. A method's own kinds are priced by running the
+method itself for a few steps (`Method.calibration_variant`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .methods import BLIND, FORWARD, STEP, Method, TrialContext, parse_method
+from .runner import StepTimer, quiet
+from .task import BenchTask
+
+
+@dataclass
+class Calibration:
+    forward_seconds: float
+    step_seconds: dict[str, float] = field(default_factory=dict)  # per kind (shared and methods' own)
+    steps: int = 0  # timed steps per kind
+
+    def units(self, kind: str) -> float:
+        if kind == BLIND:
+            return 0.0
+        if kind == FORWARD:
+            return 1.0
+        if kind not in self.step_seconds:
+            raise KeyError(f"no calibrated price for the step kind {kind!r}")
+        return self.step_seconds[kind] / self.forward_seconds
+
+    def price(self, counts: Mapping[str, int]) -> float:
+        """Forward units spent by a run that took `counts` steps of each kind."""
+        return sum(n * self.units(kind) for kind, n in counts.items())
+
+    def seconds(self, kind: str) -> float:
+        return self.units(kind) * self.forward_seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "forward_seconds": self.forward_seconds,
+            "step_seconds": dict(self.step_seconds),
+            "units": {kind: self.units(kind) for kind in (*self.step_seconds, FORWARD, BLIND)},
+            "timed_steps": self.steps,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
+        return cls(
+            float(data["forward_seconds"]), dict(data["step_seconds"]), int(data.get("timed_steps", 0))
+        )
+
+
+def calibrate(
+    task: BenchTask,
+    methods: Sequence[Method],
+    *,
+    known: Calibration | None = None,
+    warm_steps: int = 2,
+    timed_steps: int = 8,
+    seed: int = 0,
+) -> Calibration:
+    """Price the forward pass, the plain step and every method's own kinds (those not priced yet)."""
+    calibration = known or Calibration(forward_seconds=_forward_seconds(task, seed, warm_steps, timed_steps))
+    calibration.steps = calibration.steps or timed_steps
+    wanted = [(STEP, parse_method("plain"))]
+    wanted += [(kind, m.calibration_variant(kind)) for m in methods for kind in m.own_kinds()]
+    for kind, method in wanted:
+        if kind not in calibration.step_seconds:
+            calibration.step_seconds[kind] = _step_seconds(task, method, seed, warm_steps, timed_steps)
+    return calibration
+
+
+def _context(task: BenchTask, seed: int, steps: int, output_dir: str, timer: StepTimer) -> TrialContext:
+    return TrialContext(
+        task=task,
+        learning_rate=task.learning_rate,
+        seed=seed,
+        steps=steps,
+        output_dir=output_dir,
+        callbacks=[timer],
+        extra_args={"eval_strategy": "no", "logging_strategy": "no"},
+    )
+
+
+def _step_seconds(task: BenchTask, method: Method, seed: int, warm: int, timed: int) -> float:
+    """Mean time of a method's optimizer steps after `warm` untimed ones."""
+    timer = StepTimer()
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = quiet(method.build(_context(task, seed, warm + timed, tmp, timer)))
+        trainer.train()
+    return statistics.fmean(timer.seconds[warm:])
+
+
+def _forward_seconds(task: BenchTask, seed: int, warm: int, timed: int) -> float:
+    """Mean time of a no-grad forward pass (train mode) over a training batch, as the Trainer feeds it."""
+    cuda = torch.cuda.is_available()
+    clock = time.perf_counter if cuda else time.process_time
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = parse_method("plain").build(_context(task, seed, 1, tmp, StepTimer()))
+        model = trainer.model.to(trainer.args.device)
+        model.train()
+        seconds = []
+        batches = iter(trainer.get_train_dataloader())
+        for index in range(warm + timed):
+            try:
+                batch = next(batches)
+            except StopIteration:
+                batches = iter(trainer.get_train_dataloader())
+                batch = next(batches)
+            batch = {k: v.to(trainer.args.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+            began = clock()
+            with torch.no_grad():
+                trainer.compute_loss(model, batch)
+            if cuda:
+                torch.cuda.synchronize()
+            if index >= warm:
+                seconds.append(clock() - began)
+    return statistics.fmean(seconds)

@@ -1,0 +1,168 @@
+"""What an arena method is: a named plug-in that builds the trainer of one run.
+
+A method is judged like every other: it trains the task at a learning rate, a seed and a step budget, and
+its final eval loss and its cost are set against the plain `Trainer`'s frontier. Its cost is counted in
+*kinds* of steps (`step_counts`): `step` (a plain step: forward, backward, optimizer), `forward` (a
+forward pass alone), `blind` (no pass over the model at all), or kinds of its own, whose cost the arena
+measures by running the method itself for a few steps (`own_kinds`, `calibration_variant`). Nothing is
+assumed: on a small CPU model a backward costs 0.64 forwards, not 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    from ..task import BenchTask
+
+STEP, FORWARD, BLIND = "step", "forward", "blind"
+SHARED_KINDS = (STEP, FORWARD, BLIND)
+
+
+class MethodError(ValueError):
+    """A method spec that cannot be built: the message names the method, the option and what is allowed."""
+
+
+@dataclass
+class TrialContext:
+    """Everything one run needs: the task, the arguments every method shares (learning rate, seed, steps,
+    evaluation cadence), the arena's own callbacks, and, for a null control, the phases it replays."""
+
+    task: BenchTask
+    learning_rate: float
+    seed: int
+    steps: int
+    output_dir: str
+    eval_points: int = 4
+    callbacks: Sequence[TrainerCallback] = ()
+    replay: Sequence[str] | None = None
+    extra_args: Mapping[str, Any] = field(default_factory=dict)  # e.g. no evaluation while calibrating
+
+    def training_arguments(self, cls: type | None = None, **overrides: Any) -> TrainingArguments:
+        """The arguments every run shares (the task's, at this run's rate, seed and budget), plus
+        `overrides`."""
+        import torch
+        from transformers import TrainingArguments
+
+        every = max(1, self.steps // max(1, self.eval_points))
+        common: dict[str, Any] = {
+            "output_dir": self.output_dir,
+            "max_steps": self.steps,
+            "per_device_train_batch_size": self.task.batch_size,
+            "per_device_eval_batch_size": self.task.eval_batch_size,
+            "gradient_accumulation_steps": self.task.gradient_accumulation_steps,
+            "learning_rate": self.learning_rate,
+            "weight_decay": self.task.weight_decay,
+            "lr_scheduler_type": self.task.lr_scheduler_type,
+            "warmup_steps": round(self.task.warmup_ratio * self.steps),
+            "eval_strategy": "steps",
+            "eval_steps": every,
+            "logging_steps": every,
+            "save_strategy": "no",
+            "report_to": "none",
+            "seed": self.seed,
+            "data_seed": self.seed,
+            "disable_tqdm": True,
+            "dataloader_num_workers": 0,
+            "use_cpu": not torch.cuda.is_available(),
+            **self.task.training_overrides,
+            **self.extra_args,
+        }
+        common.update(overrides)
+        return (cls or TrainingArguments)(**common)
+
+    def trainer_kwargs(self, model: Any, train: Any, evaluation: Any) -> dict[str, Any]:
+        """The keyword arguments every Trainer of the run gets besides `args`."""
+        kwargs: dict[str, Any] = {
+            "model": model,
+            "train_dataset": train,
+            "eval_dataset": evaluation,
+            "callbacks": list(self.callbacks),
+        }
+        if self.task.data_collator is not None:
+            kwargs["data_collator"] = self.task.data_collator
+        return kwargs
+
+
+@dataclass
+class Method:
+    """One plug-in, parsed from its spec (`name` or `name:option=value,...`).
+
+    Subclasses set `name` and `summary`, and override `build`; those whose steps cost something other
+    than a plain step override `step_counts` (and `own_kinds`, `calibration_variant` for kinds of their
+    own). `null_spec` names the method's null control (the same cost, nothing learnt from the trick), if
+    it has one.
+    """
+
+    spec: str
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    option_help: ClassVar[Mapping[str, str]] = {}
+    positional: ClassVar[str | None] = None  # `freeze:3` means `freeze:k=3`
+    replays_parent: ClassVar[bool] = False  # a null control that replays its parent run's phases
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.options) - set(self.option_help))
+        if unknown:
+            allowed = ", ".join(f"{k} ({v})" for k, v in self.option_help.items()) or "none"
+            raise MethodError(f"method {self.spec!r}: unknown option(s) {unknown}; options: {allowed}")
+
+    # ---- what a subclass provides -----------------------------------------------------------------
+
+    def build(self, ctx: TrialContext) -> Trainer:
+        raise NotImplementedError
+
+    def check_model(self, model: Any) -> None:
+        """Refuse a model this method cannot run on (called once, before anything trains)."""
+
+    def step_counts(self, trainer: Trainer, steps: int) -> dict[str, int]:
+        """How many steps of each kind the run took so far (`steps` optimizer steps done)."""
+        kind = self.own_kinds()[0] if self.own_kinds() else STEP
+        return {kind: steps}
+
+    def own_kinds(self) -> tuple[str, ...]:
+        """Step kinds whose cost is this method's alone, measured by running it (a frozen model's step,
+        a user's Trainer's step). Empty: its steps cost what the shared kinds cost."""
+        return ()
+
+    def calibration_variant(self, kind: str) -> Method:
+        """A method whose every step is of `kind` (what the arena times to price that kind)."""
+        return self
+
+    def null_spec(self) -> str | None:
+        return None
+
+    def describe_run(self, trainer: Trainer) -> dict[str, Any]:
+        """Extra facts about a finished run for the record (JSON-able), e.g. what a hybrid run did."""
+        return {}
+
+    def note(self, trainer: Trainer) -> str | None:
+        """One sentence when the run could not do what the method is for (it is then the plain run)."""
+        return None
+
+    # ---- helpers ----------------------------------------------------------------------------------
+
+    def kind(self, label: str) -> str:
+        """A kind of this method's own, named so that two specs never share a price by accident."""
+        return f"{self.spec}:{label}"
+
+    def option(self, key: str, cast: type, default: Any, check: Any = None, allowed: str = "") -> Any:
+        """`options[key]` as `cast` (default when absent), refused with the method, option and range."""
+        if key not in self.options:
+            return default
+        text = self.options[key]
+        try:
+            value = cast(text)
+        except ValueError:
+            raise MethodError(
+                f"method {self.spec!r}: `{key}` must be {cast.__name__}, got {text!r}"
+            ) from None
+        if check is not None and not check(value):
+            raise MethodError(f"method {self.spec!r}: `{key}` must be {allowed}, got {text!r}")
+        return value

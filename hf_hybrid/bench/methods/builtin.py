@@ -1,0 +1,195 @@
+"""The built-in methods that are a Trainer as it is: `plain`, `args`, `hybrid`, `hybrid-predict` and the
+hybrid runs' null control `null-hybrid`."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from .base import BLIND, FORWARD, STEP, Method, MethodError, TrialContext
+from .registry import builtin
+
+if TYPE_CHECKING:
+    from transformers import Trainer
+
+
+@builtin
+class Plain(Method):
+    """The baseline: `transformers.Trainer` as it is."""
+
+    name: ClassVar[str] = "plain"
+    summary: ClassVar[str] = "transformers.Trainer as it is (the baseline every method is judged against)"
+
+    def build(self, ctx: TrialContext) -> Trainer:
+        from transformers import Trainer
+
+        model, train, evaluation = ctx.task.build(ctx.seed)
+        return Trainer(args=ctx.training_arguments(), **ctx.trainer_kwargs(model, train, evaluation))
+
+
+@builtin
+class TrainingArgumentsOverride(Method):
+    """The plain Trainer with `TrainingArguments` fields changed: exact tricks judged like any method."""
+
+    name: ClassVar[str] = "args"
+    summary: ClassVar[str] = (
+        "the plain Trainer with TrainingArguments overrides, e.g. args:torch_compile=true or "
+        "args:optim=adamw_torch_fused"
+    )
+
+    def __post_init__(self) -> None:
+        from transformers import TrainingArguments
+
+        hints = typing.get_type_hints(TrainingArguments)
+        names = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
+        if not self.options:
+            raise MethodError(f"method {self.spec!r}: give at least one TrainingArguments field=value")
+        self.overrides = {}
+        for key, text in self.options.items():
+            if key not in names:
+                raise MethodError(f"method {self.spec!r}: {key!r} is not a TrainingArguments field")
+            self.overrides[key] = _typed(self.spec, key, hints[key], text)
+
+    def build(self, ctx: TrialContext) -> Trainer:
+        from transformers import Trainer
+
+        model, train, evaluation = ctx.task.build(ctx.seed)
+        args = ctx.training_arguments(**self.overrides)
+        return Trainer(args=args, **ctx.trainer_kwargs(model, train, evaluation))
+
+    def own_kinds(self) -> tuple[str, ...]:
+        return (self.kind(STEP),)
+
+
+@builtin
+class Hybrid(Method):
+    """`HybridHFTrainer` with any `hybrid_*` override (`hybrid:confidence_threshold=0.3`, the `hybrid_`
+    prefix optional). Real steps cost a plain step, checked predicted steps a forward, blind ones none."""
+
+    name: ClassVar[str] = "hybrid"
+    summary: ClassVar[str] = "HybridHFTrainer; hybrid:field=value,... sets any hybrid_* argument"
+    preset: ClassVar[dict[str, str]] = {}
+
+    def __post_init__(self) -> None:
+        from ..overrides import parse_hybrid_overrides
+
+        items = {**self.preset, **{_hybrid_field(k): v for k, v in self.options.items()}}
+        try:
+            self.overrides = parse_hybrid_overrides([f"{k}={v}" for k, v in items.items()])
+            self._check_arguments()
+        except ValueError as exc:
+            raise MethodError(f"method {self.spec!r}: {exc}") from None
+
+    def _check_arguments(self) -> None:
+        """Build the arguments once, so a bad value is refused before any training."""
+        from ...args import HybridTrainingArguments
+
+        HybridTrainingArguments(output_dir="unused", **self.overrides)
+
+    def build(self, ctx: TrialContext) -> Trainer:
+        from ...args import HybridTrainingArguments
+        from ...trainer import HybridHFTrainer
+
+        model, train, evaluation = ctx.task.build(ctx.seed)
+        args = ctx.training_arguments(HybridTrainingArguments, **self.overrides)
+        return HybridHFTrainer(
+            args=args, **self._extra(args, ctx), **ctx.trainer_kwargs(model, train, evaluation)
+        )
+
+    def _extra(self, args: Any, ctx: TrialContext) -> dict[str, Any]:
+        return {}
+
+    def step_counts(self, trainer: Trainer, steps: int) -> dict[str, int]:
+        engine = getattr(trainer, "engine", None)
+        if engine is None:  # disabled, or refused by the set-up: plain steps
+            return {STEP: steps}
+        counters = engine.counters
+        probe_forwards = counters["probe_evaluations"] * trainer.args.hybrid_probe_batches
+        return {
+            STEP: counters["backward_run"],
+            FORWARD: counters["predict_checked"] + probe_forwards,
+            BLIND: counters["predict_blind"],
+        }
+
+    def null_spec(self) -> str | None:
+        options = ",".join(f"{k}={v}" for k, v in {**self.preset, **self.options}.items())
+        return NullHybrid.name + (f":{options}" if options else "")
+
+    def describe_run(self, trainer: Trainer) -> dict[str, Any]:
+        if getattr(trainer, "engine", None) is None:
+            return {}
+        stats = trainer.hybrid_stats()
+        keep = (
+            "steps_per_phase",
+            "backward_skipped_fraction",
+            "rollbacks",
+            "predict_phases",
+            "max_confidence",
+        )
+        return {
+            **{key: stats[key] for key in keep},
+            "engine_time_share": stats["timing"]["engine_time_share"],
+            "phases": [row["phase"] for row in trainer.hybrid_timeline],
+        }
+
+    def note(self, trainer: Trainer) -> str | None:
+        engine = getattr(trainer, "engine", None)
+        if engine is None:
+            return "the hybrid engine did not run (hybrid_enabled=False or an unsupported set-up)"
+        return trainer.hybrid_stats()["no_predict_reason"]
+
+
+@builtin
+class HybridPredict(Hybrid):
+    """The hybrid trainer forced to predict, with the settings that did best so far on this project's
+    tasks (blind predicted steps, a low threshold, short phases, no bandit; `benchmarks/README.md`)."""
+
+    name: ClassVar[str] = "hybrid-predict"
+    summary: ClassVar[str] = (
+        "HybridHFTrainer forced to predict with the best settings found so far (threshold 0.3, blind, "
+        "warmup 50, full 10, horizon <= 8, bandit off); options as for hybrid"
+    )
+    preset: ClassVar[dict[str, str]] = {
+        "hybrid_confidence_threshold": "0.3",
+        "hybrid_check_every": "0",
+        "hybrid_warmup_steps": "50",
+        "hybrid_full_steps": "10",
+        "hybrid_max_predict_steps": "8",
+        "hybrid_use_bandit": "false",
+    }
+
+
+@builtin
+class NullHybrid(Hybrid):
+    """A hybrid run's null control: its phases replayed with the null predictor, so the same batches go
+    without a backward and nothing is applied. What a predictor adds is the difference to this."""
+
+    name: ClassVar[str] = "null-hybrid"
+    summary: ClassVar[str] = "a hybrid run's phases replayed with nothing applied (added by `null`)"
+    replays_parent: ClassVar[bool] = True
+
+    def _extra(self, args: Any, ctx: TrialContext) -> dict[str, Any]:
+        from ...engine.phases import Phase
+
+        if ctx.replay is None:
+            raise MethodError(f"method {self.spec!r} replays a hybrid run's phases; none was given")
+        config = args.engine_config()
+        schedule = dataclasses.replace(config.schedule, script=tuple(Phase(p) for p in ctx.replay))
+        return {"engine_config": dataclasses.replace(config, predictor="null", schedule=schedule)}
+
+    def null_spec(self) -> str | None:
+        return None
+
+
+def _hybrid_field(key: str) -> str:
+    return key if key.startswith("hybrid_") else f"hybrid_{key}"
+
+
+def _typed(spec: str, key: str, hint: Any, text: str) -> Any:
+    from ..overrides import convert
+
+    try:
+        return convert(key, hint, text)
+    except ValueError as exc:
+        raise MethodError(f"method {spec!r}: {exc}") from None

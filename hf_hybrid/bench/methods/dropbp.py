@@ -1,0 +1,100 @@
+"""`dropbp:p=0.5`: each block's backward skipped with probability p per optimizer step (Woo et al.,
+"DropBP", NeurIPS 2024, who report 1.5x faster to equal perplexity on LLaMA fine-tuning).
+
+A dropped block runs its forward under `no_grad` (no activations kept) and the gradient passes it by the
+residual path alone: its output is `x + stopgrad(block(x) - x)`, whose Jacobian with respect to `x` is the
+identity. The block's own parameters get no gradient that step. Decisions are drawn per optimizer step
+from a generator seeded by the run's seed, the same for every micro-batch of the step; evaluation runs
+every block normally.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from .base import STEP, Method, MethodError, TrialContext
+from .blocks import BlocksNotFound, find_blocks
+from .registry import builtin
+
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import Trainer
+
+
+@builtin
+class DropBP(Method):
+    name: ClassVar[str] = "dropbp"
+    summary: ClassVar[str] = "each block's backward skipped with probability p per step (dropbp:p=0.5)"
+    option_help: ClassVar[dict[str, str]] = {"p": "probability of skipping a block's backward, in [0, 1)"}
+    positional: ClassVar[str | None] = "p"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.p = self.option("p", float, 0.5, lambda v: 0.0 <= v < 1.0, "in [0, 1)")
+
+    def check_model(self, model: Any) -> None:
+        _blocks(model, self.spec)
+
+    def build(self, ctx: TrialContext) -> Trainer:
+        from transformers import Trainer
+
+        model, train, evaluation = ctx.task.build(ctx.seed)
+        dropper = BlockDropper(_blocks(model, self.spec), self.p, ctx.seed)
+        kwargs = ctx.trainer_kwargs(model, train, evaluation)
+        kwargs["callbacks"] = [*kwargs["callbacks"], dropper.callback()]
+        return Trainer(args=ctx.training_arguments(), **kwargs)
+
+    def own_kinds(self) -> tuple[str, ...]:
+        return (self.kind(STEP),)
+
+
+def _blocks(model: nn.Module, spec: str) -> nn.ModuleList:
+    try:
+        return find_blocks(model)[1]
+    except BlocksNotFound as exc:
+        raise MethodError(f"method {spec!r}: {exc}") from None
+
+
+class BlockDropper:
+    """Wraps each block's forward; `draw()` picks the blocks whose backward the next step skips."""
+
+    def __init__(self, blocks: nn.ModuleList, p: float, seed: int) -> None:
+        self.p = p
+        self.generator = torch.Generator().manual_seed(seed)
+        self.dropped = [False] * len(blocks)
+        self.skipped = 0
+        for index, block in enumerate(blocks):
+            block.forward = types.MethodType(_dropping_forward(block.forward, self, index), block)
+
+    def draw(self) -> None:
+        mask = torch.rand(len(self.dropped), generator=self.generator) < self.p
+        self.dropped = mask.tolist()
+        self.skipped += int(mask.sum())
+
+    def callback(self) -> Any:
+        from transformers import TrainerCallback
+
+        dropper = self
+
+        class _Draw(TrainerCallback):
+            def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                dropper.draw()
+
+        return _Draw()
+
+
+def _dropping_forward(forward: Any, dropper: BlockDropper, index: int) -> Any:
+    def wrapped(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if not (dropper.dropped[index] and self.training and torch.is_grad_enabled()):
+            return forward(*args, **kwargs)
+        x = args[0] if args else kwargs["hidden_states"]
+        with torch.no_grad():
+            out = forward(*args, **kwargs)
+        if isinstance(out, tuple):
+            return (x + (out[0] - x).detach(), *out[1:])
+        return x + (out - x).detach()
+
+    return wrapped

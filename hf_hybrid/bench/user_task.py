@@ -1,0 +1,302 @@
+"""A user's own model and data as an arena task, every problem refused before anything trains.
+
+`--dataset` is a CSV, JSON-lines or plain-text file (`datasets.load_dataset("csv"|"json"|"text")`) or a
+folder written by `save_to_disk` (`load_from_disk`); the eval set is `--eval_dataset` or a held-out
+`--eval_fraction` of it (seed 0). Text goes through the model's own `AutoTokenizer`: a causal LM's text is
+concatenated and cut into blocks of `max_length` tokens (as `run_clm.py` does), a classifier's texts are
+truncated to `max_length` and padded per batch. String labels are numbered in sorted order and the
+mapping is written to `labels.json` beside the results.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..data import DataError
+from .task import TASK_TYPES, BenchTask
+
+logger = logging.getLogger(__name__)
+
+FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".txt": "text"}
+PEFT_CHOICES = ("none", "lora")
+DEFAULT_LEARNING_RATE = {"none": 5e-5, "lora": 2e-4}
+
+
+@dataclass(frozen=True)
+class UserTaskOptions:
+    model_name_or_path: str
+    dataset: str
+    task: str = "causal_lm"
+    eval_dataset: str | None = None
+    eval_fraction: float = 0.15
+    text_column: str = "text"
+    label_column: str = "label"
+    peft: str = "none"
+    lora_r: int = 8
+    max_length: int = 128
+    max_steps: int = 200
+    per_device_train_batch_size: int = 8
+    per_device_eval_batch_size: int = 32
+    learning_rate: float | None = None
+    max_train_samples: int | None = None
+    max_eval_samples: int | None = None
+
+    def check(self) -> None:
+        """Refuse what cannot work, naming the flag, the value and what is allowed."""
+        if self.task not in TASK_TYPES:
+            raise DataError(f"`--task` must be one of {list(TASK_TYPES)}, got {self.task!r}")
+        if self.peft not in PEFT_CHOICES:
+            raise DataError(f"`--peft` must be one of {list(PEFT_CHOICES)}, got {self.peft!r}")
+        if not 0 < self.eval_fraction < 1:
+            raise DataError(f"`--eval_fraction` must be in (0, 1), got {self.eval_fraction}")
+        for name in ("max_length", "per_device_train_batch_size", "per_device_eval_batch_size", "lora_r"):
+            if getattr(self, name) < 1:
+                raise DataError(f"`--{name}` must be >= 1, got {getattr(self, name)}")
+        for name in ("max_train_samples", "max_eval_samples"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise DataError(f"`--{name}` must be >= 1, got {getattr(self, name)}")
+        if self.learning_rate is not None and not self.learning_rate > 0:
+            raise DataError(f"`--learning_rate` must be > 0, got {self.learning_rate}")
+        check_model_path(self.model_name_or_path)
+        for flag, path in (("--dataset", self.dataset), ("--eval_dataset", self.eval_dataset)):
+            if path is not None:
+                check_data_path(flag, path)
+
+
+def check_model_path(name_or_path: str) -> None:
+    """A local directory must hold a saved model; a name that is not one must be a Hub id (`name` or
+    `org/name`) that resolves, from the cache or the Hub."""
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise DataError(f"`--model_name_or_path` {name_or_path} has no config.json: not a saved model")
+        return
+    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
+        raise DataError(f"`--model_name_or_path` {name_or_path} does not exist")
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(name_or_path)
+    except (OSError, ValueError) as exc:
+        raise DataError(
+            f"`--model_name_or_path` {name_or_path!r} is not a local directory and could not be loaded "
+            f"from the Hub cache or the Hub ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+        ) from None
+
+
+def check_data_path(flag: str, path: str) -> None:
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise DataError(f"`{flag}` {path} does not exist")
+    if p.is_file() and p.suffix.lower() not in FILE_BUILDERS:
+        raise DataError(
+            f"`{flag}` {path}: a file must end in one of {sorted(FILE_BUILDERS)}, or be a folder written "
+            "by `Dataset.save_to_disk`"
+        )
+
+
+def read_table(flag: str, path: str) -> tuple[Any, Any]:
+    """(rows, rows of a ready-made eval split or None) of a file or a `save_to_disk` folder."""
+    from datasets import DatasetDict, load_dataset, load_from_disk
+
+    p = Path(path).expanduser()
+    if p.is_dir():
+        loaded = load_from_disk(str(p))
+        if isinstance(loaded, DatasetDict):
+            if "train" not in loaded:
+                raise DataError(f"`{flag}` {path} has splits {sorted(loaded)} but no `train`")
+            held_out = next((loaded[s] for s in ("validation", "test") if s in loaded), None)
+            return loaded["train"], held_out
+        return loaded, None
+    builder = FILE_BUILDERS[p.suffix.lower()]
+    if p.stat().st_size == 0:
+        raise DataError(f"`{flag}` {path} is empty (0 rows)")
+    try:
+        return load_dataset(builder, data_files=str(p), split="train"), None
+    except ValueError as exc:  # `datasets` on a file with a header and no rows
+        if "corresponds to no data" in str(exc):
+            raise DataError(f"`{flag}` {path} is empty (0 rows)") from None
+        raise
+
+
+def build_user_task(options: UserTaskOptions, out: str | os.PathLike) -> BenchTask:
+    """Load and check everything, tokenize once; the model is built per seed by the returned task."""
+    from transformers import AutoTokenizer
+
+    options.check()
+    train_rows, ready_eval = read_table("--dataset", options.dataset)
+    columns = [options.text_column] + ([options.label_column] if options.task != "causal_lm" else [])
+    _check_columns("--dataset", options.dataset, train_rows, columns)
+    if options.eval_dataset is not None:
+        eval_rows, _ = read_table("--eval_dataset", options.eval_dataset)
+        _check_columns("--eval_dataset", options.eval_dataset, eval_rows, columns)
+    elif ready_eval is not None:
+        eval_rows = ready_eval
+    else:
+        if len(train_rows) < 2:
+            raise DataError(
+                f"`--dataset` {options.dataset} has {len(train_rows)} row(s): nothing to hold out"
+            )
+        split = train_rows.train_test_split(test_size=options.eval_fraction, seed=0)
+        train_rows, eval_rows = split["train"], split["test"]
+    train_rows, eval_rows = (
+        _take(train_rows, options.max_train_samples),
+        _take(eval_rows, options.max_eval_samples),
+    )
+    tokenizer = AutoTokenizer.from_pretrained(options.model_name_or_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    info: dict[str, Any] = {
+        "model_name_or_path": options.model_name_or_path,
+        "dataset": options.dataset,
+        "eval_dataset": options.eval_dataset
+        or (f"{options.eval_fraction:g} held out" if ready_eval is None else "its validation split"),
+        "text_column": options.text_column,
+        "peft": options.peft,
+        "max_length": options.max_length,
+    }
+    if options.task == "causal_lm":
+        train, evaluation = (
+            _lm_blocks(rows, tokenizer, options, name)
+            for rows, name in ((train_rows, "train"), (eval_rows, "eval"))
+        )
+        collator = None
+        num_labels = None
+    else:
+        names = _label_names(train_rows, options.label_column)
+        _write_labels(out, names)
+        info.update(label_column=options.label_column, labels=names)
+        train, evaluation = (
+            _classification(rows, tokenizer, options, names, split)
+            for rows, split in ((train_rows, "train"), (eval_rows, "eval"))
+        )
+        from transformers import DataCollatorWithPadding
+
+        collator = DataCollatorWithPadding(tokenizer)
+        num_labels = len(names)
+    learning_rate = options.learning_rate or DEFAULT_LEARNING_RATE[options.peft]
+    return BenchTask(
+        name=Path(options.dataset).stem or "user_task",
+        task_type=options.task,
+        build_model=lambda seed: load_model(options, seed, num_labels, tokenizer),
+        train=train,
+        evaluation=evaluation,
+        learning_rate=learning_rate,
+        max_steps=options.max_steps,
+        batch_size=options.per_device_train_batch_size,
+        eval_batch_size=options.per_device_eval_batch_size,
+        data_collator=collator,
+        info=info,
+    )
+
+
+def load_model(options: UserTaskOptions, seed: int, num_labels: int | None, tokenizer: Any) -> Any:
+    """A fresh model for `seed`: the pretrained weights, a new head (classification) and adapters (LoRA)
+    drawn from the seed."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    torch.manual_seed(seed)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # a new classification head is reported as MISSING: expected
+    try:
+        if options.task == "causal_lm":
+            model = AutoModelForCausalLM.from_pretrained(options.model_name_or_path)
+        else:
+            # a saved classifier's head of another size is replaced, as run_glue.py does
+            model = AutoModelForSequenceClassification.from_pretrained(
+                options.model_name_or_path, num_labels=num_labels, ignore_mismatched_sizes=True
+            )
+            if model.config.pad_token_id is None:
+                model.config.pad_token_id = tokenizer.pad_token_id
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    if options.peft == "lora":
+        from peft import LoraConfig, TaskType, get_peft_model
+
+        task_type = TaskType.CAUSAL_LM if options.task == "causal_lm" else TaskType.SEQ_CLS
+        torch.manual_seed(seed)
+        model = get_peft_model(
+            model, LoraConfig(task_type=task_type, r=options.lora_r, lora_alpha=2 * options.lora_r)
+        )
+    return model
+
+
+def _check_columns(flag: str, path: str, rows: Any, columns: list[str]) -> None:
+    if len(rows) == 0:
+        raise DataError(f"`{flag}` {path} is empty (0 rows)")
+    for column in columns:
+        if column not in rows.column_names:
+            which = "--text_column" if column == columns[0] else "--label_column"
+            raise DataError(
+                f"`{which}` {column!r} is not a column of {path}; its columns: {rows.column_names}"
+            )
+
+
+def _take(rows: Any, limit: int | None) -> Any:
+    if limit is None or limit >= len(rows):
+        return rows
+    return rows.shuffle(seed=0).select(range(limit))
+
+
+def _lm_blocks(rows: Any, tokenizer: Any, options: UserTaskOptions, split: str) -> Any:
+    from ..data import group_into_blocks
+
+    column = options.text_column
+
+    def group(batch: dict[str, list[Any]]) -> dict[str, list[list[int]]]:
+        texts = [t for t in batch[column] if isinstance(t, str) and t]
+        ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+        blocks = group_into_blocks(ids, options.max_length)
+        return {"input_ids": blocks, "labels": [list(b) for b in blocks]}
+
+    blocks = rows.map(group, batched=True, batch_size=1000, remove_columns=rows.column_names)
+    if len(blocks) == 0:
+        raise DataError(
+            f"the {split} text of {options.dataset} holds no full block of {options.max_length} tokens; "
+            "use a smaller `--max_length` or more text"
+        )
+    return blocks
+
+
+def _label_names(rows: Any, column: str) -> list[str]:
+    from datasets import ClassLabel
+
+    feature = rows.features[column]
+    if isinstance(feature, ClassLabel):
+        return list(feature.names)
+    names = sorted({str(v) for v in rows[column]})
+    if len(names) < 2:
+        raise DataError(f"`--label_column` {column!r} has {len(names)} distinct label(s); need >= 2")
+    return names
+
+
+def _classification(rows: Any, tokenizer: Any, options: UserTaskOptions, names: list[str], split: str) -> Any:
+    from datasets import ClassLabel
+
+    column, text = options.label_column, options.text_column
+    is_class_label = isinstance(rows.features[column], ClassLabel)
+    index = {name: i for i, name in enumerate(names)}
+    if not is_class_label:
+        unseen = sorted({str(v) for v in rows[column]} - set(index))
+        if unseen:
+            raise DataError(f"labels {unseen} of the {split} split are not in the training labels {names}")
+
+    def encode(batch: dict[str, list[Any]]) -> dict[str, Any]:
+        encoded = tokenizer([str(t) for t in batch[text]], truncation=True, max_length=options.max_length)
+        encoded["labels"] = [int(v) if is_class_label else index[str(v)] for v in batch[column]]
+        return encoded
+
+    return rows.map(encode, batched=True, remove_columns=rows.column_names)
+
+
+def _write_labels(out: str | os.PathLike, names: list[str]) -> None:
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "labels.json").write_text(json.dumps({"id2label": dict(enumerate(names))}, indent=1) + "\n")

@@ -1,0 +1,287 @@
+"""`hf-hybrid bench`'s flags and dispatch; importing this module stays fast (nothing heavy at the top).
+
+Your task: `--model_name_or_path` and `--dataset` (or `--task_factory module:function` returning a
+`hf_hybrid.bench.BenchTask`); the built-in presets: `--suite` / `--tasks`. The flag names follow
+`run_clm.py` and `TrainingArguments`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+SUITE_CHOICES = ("tiny", "quick", "full")
+TASK_TYPES = ("causal_lm", "sequence_classification")
+
+
+def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
+    bench = sub.add_parser(
+        "bench",
+        allow_abbrev=False,
+        help="does a method make your fine-tune cheaper at the same eval loss? The plain Trainer (lr tuned, "
+        "frontier of budgets) against every method you list, on your model and data",
+        description="The arena: trains your task with the plain transformers.Trainer (a learning-rate sweep, "
+        "then complete runs at 1/4, 1/2, 3/4 of the budget at the best rate) and with each method, and reads "
+        "each method's speed-up at equal eval loss off the plain frontier, in compute units and time, with a "
+        "verdict (wins / ties / loses) against the plain runs' seed noise. Writes results.json, report.md "
+        "and "
+        "arena.png to --out; the same command again resumes.",
+        epilog="Methods: plain, hybrid[:field=value,...], hybrid-predict, null (adds each method's null "
+        "control), freeze:k, selective-backprop[:keep=0.5,...], dropbp[:p=0.5], args:field=value,..., "
+        "module.path:Name (a Trainer subclass or TrainerCallback). `--list_methods` describes them.",
+    )
+    task = bench.add_argument_group("your task")
+    task.add_argument("--model_name_or_path", help="a local directory (save_pretrained) or a Hub id")
+    task.add_argument("--dataset", help="CSV, JSON lines, plain text (causal_lm) or a save_to_disk folder")
+    task.add_argument("--eval_dataset", help="the eval set (default: --eval_fraction of --dataset held out)")
+    task.add_argument(
+        "--eval_fraction", type=float, default=0.15, help="held out for eval (default: %(default)s)"
+    )
+    task.add_argument("--task", choices=TASK_TYPES, default="causal_lm", help="default: %(default)s")
+    task.add_argument("--text_column", default="text", help="default: %(default)s")
+    task.add_argument(
+        "--label_column", default="label", help="sequence_classification (default: %(default)s)"
+    )
+    task.add_argument("--peft", choices=("none", "lora"), default="none", help="default: %(default)s")
+    task.add_argument("--lora_r", type=int, default=8, help="LoRA rank, alpha = 2r (default: %(default)s)")
+    task.add_argument(
+        "--max_length", type=int, default=128, help="tokens per example/block (default: %(default)s)"
+    )
+    task.add_argument(
+        "--max_train_samples", type=int, default=None, help="use at most this many training rows"
+    )
+    task.add_argument("--max_eval_samples", type=int, default=None, help="use at most this many eval rows")
+    task.add_argument("--task_factory", metavar="MODULE:FUNCTION", help="a function returning a BenchTask")
+    budget = bench.add_argument_group("budget (your task; a preset has its own)")
+    budget.add_argument(
+        "--max_steps", type=int, default=None, help="optimizer steps of a full run (default: 200)"
+    )
+    budget.add_argument("--per_device_train_batch_size", type=int, default=None, help="default: 8")
+    budget.add_argument("--per_device_eval_batch_size", type=int, default=None, help="default: 32")
+    budget.add_argument(
+        "--learning_rate",
+        type=float,
+        default=None,
+        help="the plain sweep's base rate (default: 5e-5, LoRA 2e-4)",
+    )
+    protocol = bench.add_argument_group("protocol")
+    protocol.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        metavar="METHOD",
+        help="methods to judge (default: plain hybrid null)",
+    )
+    protocol.add_argument(
+        "--lr_multipliers",
+        nargs="+",
+        type=float,
+        default=None,
+        help="plain sweep, x the base rate (default: 0.5 1 2 4; widened at an edge)",
+    )
+    protocol.add_argument(
+        "--method_lr_multipliers",
+        nargs="+",
+        type=float,
+        default=None,
+        help="each method's rates, x the plain best (default: 1 2)",
+    )
+    protocol.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        default=None,
+        help="the first for everything, the others for near-winners (default: 0)",
+    )
+    protocol.add_argument(
+        "--eval_points", type=int, default=4, help="evaluations per run (default: %(default)s)"
+    )
+    protocol.add_argument("--out", default=None, help="output folder (default: bench_results/<task>)")
+    protocol.add_argument("--list_methods", action="store_true", help="describe every method and exit")
+    presets = bench.add_argument_group("built-in presets")
+    presets.add_argument(
+        "--suite", choices=SUITE_CHOICES, default=None, help="preset size and tasks (default: quick)"
+    )
+    presets.add_argument(
+        "--tasks", nargs="+", default=None, help="a subset of the suite's tasks, or other presets"
+    )
+    presets.add_argument(
+        "--hybrid",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="a hybrid_* argument for the `hybrid` method (repeatable), e.g. --hybrid hybrid_predictor=adam",
+    )
+    overhead = bench.add_argument_group("overhead")
+    overhead.add_argument(
+        "--overhead",
+        action="store_true",
+        help="measure instead what the engine costs: alternating plain/hybrid pairs of each "
+        "preset task at the suite's size, and the engine's retained memory while asleep",
+    )
+    overhead.add_argument("--pairs", type=int, default=3, help="pairs per task with --overhead (default: 3)")
+    return bench
+
+
+def bench_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run what the flags ask for; a problem the user can fix is one error line, exit code 2."""
+    from .bench.methods import MethodError
+    from .data import DataError
+
+    try:
+        return _dispatch(args)
+    except (DataError, MethodError) as exc:
+        print(f"hf-hybrid bench: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    import os
+
+    if os.getcwd() not in sys.path:  # `module.path:Name` methods and task factories from the user's folder
+        sys.path.insert(0, os.getcwd())
+    from .bench import SUITES, quiet_libraries, run_arena
+    from .bench.protocol import Protocol
+    from .data import DataError
+
+    if args.list_methods:
+        print(_methods_text())
+        return 0
+    quiet_libraries()
+    methods = _methods(args)
+    own = args.model_name_or_path is not None or args.task_factory is not None or args.dataset is not None
+    if args.overhead:
+        return _overhead(args)
+    if own:
+        if args.suite or args.tasks:
+            raise DataError(
+                "give either your task (--model_name_or_path/--dataset or --task_factory) or presets "
+                "(--suite/--tasks), not both"
+            )
+        task = _own_task(args)
+        protocol = Protocol(**_protocol_fields(args, seeds=(0,)))
+        run_arena(task, methods, protocol, args.out or f"bench_results/{task.name}")
+        return 0
+    from .bench.tasks import preset
+
+    suite = SUITES[args.suite or "quick"]
+    for name in args.tasks or suite["tasks"]:
+        try:
+            task = preset(name, suite["size"])
+        except ValueError as exc:
+            raise DataError(str(exc)) from None
+        if args.max_steps is not None:
+            task.max_steps = args.max_steps
+        fields = _protocol_fields(
+            args, seeds=suite["seeds"], lr_multipliers=suite["lr_multipliers"], widen=suite["widen"]
+        )
+        out = f"{args.out}/{name}" if args.out else f"bench_results/{args.suite or 'quick'}/{name}"
+        run_arena(task, methods, Protocol(**fields), out)
+    return 0
+
+
+def _methods(args: argparse.Namespace) -> list[str]:
+    from .bench import DEFAULT_METHODS
+    from .bench.overrides import parse_hybrid_overrides
+    from .data import DataError
+
+    methods = list(args.methods or DEFAULT_METHODS)
+    if args.hybrid:
+        try:
+            overrides = parse_hybrid_overrides(args.hybrid)
+        except ValueError as exc:
+            raise DataError(str(exc)) from None
+        options = ",".join(f"{k}={v}" for k, v in overrides.items())
+        methods = [f"hybrid:{options}" if m == "hybrid" else m for m in methods]
+    return methods
+
+
+def _protocol_fields(args: argparse.Namespace, **defaults: Any) -> dict[str, Any]:
+    fields = dict(defaults)
+    if args.seeds is not None:
+        fields["seeds"] = tuple(args.seeds)
+    if args.lr_multipliers is not None:
+        fields["lr_multipliers"] = tuple(args.lr_multipliers)
+    if args.method_lr_multipliers is not None:
+        fields["method_lr_multipliers"] = tuple(args.method_lr_multipliers)
+    fields["eval_points"] = args.eval_points
+    return fields
+
+
+def _own_task(args: argparse.Namespace) -> Any:
+    from .bench.user_task import UserTaskOptions, build_user_task
+    from .data import DataError
+
+    if args.task_factory is not None:
+        return task_from_factory(args)
+    if args.model_name_or_path is None or args.dataset is None:
+        raise DataError("your task needs both --model_name_or_path and --dataset")
+    options = UserTaskOptions(
+        model_name_or_path=args.model_name_or_path,
+        dataset=args.dataset,
+        task=args.task,
+        eval_dataset=args.eval_dataset,
+        eval_fraction=args.eval_fraction,
+        text_column=args.text_column,
+        label_column=args.label_column,
+        peft=args.peft,
+        lora_r=args.lora_r,
+        max_length=args.max_length,
+        max_steps=args.max_steps if args.max_steps is not None else 200,
+        per_device_train_batch_size=args.per_device_train_batch_size or 8,
+        per_device_eval_batch_size=args.per_device_eval_batch_size or 32,
+        learning_rate=args.learning_rate,
+        max_train_samples=args.max_train_samples,
+        max_eval_samples=args.max_eval_samples,
+    )
+    from pathlib import Path
+
+    return build_user_task(options, args.out or f"bench_results/{Path(args.dataset).stem}")
+
+
+def task_from_factory(args: argparse.Namespace) -> Any:
+    from .bench import BenchTask
+    from .bench.methods.registry import import_object
+    from .data import DataError
+
+    factory = import_object(args.task_factory)
+    task = factory() if callable(factory) else None
+    if not isinstance(task, BenchTask):
+        raise DataError(
+            f"`--task_factory` {args.task_factory} must be a function returning a hf_hybrid.bench.BenchTask, "
+            f"got {type(task).__name__}"
+        )
+    for flag, attr in (
+        ("max_steps", "max_steps"),
+        ("per_device_train_batch_size", "batch_size"),
+        ("per_device_eval_batch_size", "eval_batch_size"),
+        ("learning_rate", "learning_rate"),
+    ):
+        if getattr(args, flag) is not None:
+            setattr(task, attr, getattr(args, flag))
+    return task
+
+
+def _overhead(args: argparse.Namespace) -> int:
+    from .bench import SUITES
+    from .bench.overhead import run_overhead
+    from .bench.overrides import parse_hybrid_overrides
+
+    suite = SUITES[args.suite or "quick"]
+    out = args.out or f"bench_results/overhead-{args.suite or 'quick'}"
+    run_overhead(
+        args.tasks or suite["tasks"], suite["size"], args.pairs, out, parse_hybrid_overrides(args.hybrid)
+    )
+    return 0
+
+
+def _methods_text() -> str:
+    from .bench.methods import describe_methods
+
+    lines = ["Methods (spec: what it runs):"]
+    lines += [f"  {name}: {summary}" for name, summary in describe_methods().items()]
+    lines.append(
+        "  module.path:Name: your own Trainer subclass or TrainerCallback, costed by timing its steps"
+    )
+    return "\n".join(lines)
