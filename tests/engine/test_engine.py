@@ -13,11 +13,12 @@ import pytest
 import torch
 from torch import nn
 
-from hf_hybrid.engine.divergence import DivergenceLevel, DivergenceMonitor
+from hf_hybrid.engine.divergence import DivergenceLevel, DivergenceMonitor, DivergenceReport
 from hf_hybrid.engine.engine import EngineConfig, HybridEngine, StepOutcome, StepPlan, StepRecord
 from hf_hybrid.engine.guard import clip_to_trust_region
 from hf_hybrid.engine.phases import Phase, PhaseSchedule
 from hf_hybrid.engine.predictor import Deltas, EMAPredictor, register_predictor, unregister_predictor
+from hf_hybrid.engine.recovery import RecoveryAction
 
 LR = 1e-2
 
@@ -513,6 +514,190 @@ class TestFaultyPredictors:
                 assert float(change.norm()) <= max_delta * float(before.norm()) * (1 + 1e-5) + 1e-7
         assert loop.engine.stats()["clipped_tensors"] >= len(applied)
         assert all(_finite(r.after) for r in loop.records)
+
+
+class _ScriptedMonitor(DivergenceMonitor):
+    """The monitor, silent on its own (no z-score before 10**6 steps), reporting `next_level` once."""
+
+    def __init__(self) -> None:
+        super().__init__(min_history=10**6)
+        self.next_level: DivergenceLevel | None = None
+
+    def check(
+        self, loss: float | None, grad_norm: float | None = None, prediction_error: float | None = None
+    ) -> DivergenceReport:
+        report = super().check(loss, grad_norm, prediction_error)
+        if self.next_level is None:
+            return report
+        level, self.next_level = self.next_level, None
+        return DivergenceReport(level, reasons=[f"scripted {level.name}"])
+
+
+def _scripted_loop(config: EngineConfig) -> tuple[Loop, _ScriptedMonitor]:
+    loop = Loop(config)
+    monitor = _ScriptedMonitor()
+    loop.engine.monitor = monitor
+    return loop, monitor
+
+
+def _no_rollback(config: EngineConfig) -> EngineConfig:
+    return dataclasses.replace(config, rollback=False)
+
+
+class TestWithoutRollback:
+    """`rollback=False`: an alarm in an open phase ends it as failed and forces FULL, keeping the weights."""
+
+    def test_a_critical_predict_step_abandons_the_phase_and_keeps_the_weights(self) -> None:
+        loop = Loop(_no_rollback(_config()))
+        loop.run_until(_mid_phase_with_moved_params)
+        snapshot = _clone(loop.engine.guard.snapshot)
+        cap = loop.engine.controller.horizon_cap
+        forced = loop.engine.stats()["forced_full"]
+        record = loop.step(loss_override=math.nan)
+        assert record.plan.phase is Phase.PREDICT
+        assert record.outcome.level is DivergenceLevel.CRITICAL
+        assert record.outcome.action is RecoveryAction.FORCE_FULL
+        assert not record.outcome.rolled_back and not record.outcome.applied_update
+        assert _equal(record.after, record.before)  # nothing applied, nothing restored
+        assert not _equal(loop.params, snapshot)  # the phase's predicted updates stay
+        engine = loop.engine
+        assert engine.phase is None and not engine.guard.has_snapshot  # ended, its snapshot freed
+        assert not engine.controller.in_predict_phase and engine.controller.predict_remaining == 0
+        assert engine.stats()["rollbacks"] == 0 and engine.stats()["forced_full"] == forced + 1
+        assert engine.controller.horizon_cap == max(2, cap // 2)  # a failed phase halves later horizons
+        loop.run(3)
+        assert loop.phases(-3) == [Phase.FULL] * 3
+
+    def test_a_regressed_correct_step_keeps_its_real_update(self) -> None:
+        loop, _ = _scripted_loop(
+            _no_rollback(_config(check_every=0, min_predict_steps=4, max_predict_steps=4))
+        )
+        loop.run_until(
+            lambda lp: (
+                lp.engine.controller.phase is Phase.PREDICT and lp.engine.controller.predict_remaining == 0
+            )
+        )
+        snapshot = _clone(loop.engine.guard.snapshot)
+        record = loop.step(loss_override=1e3)  # the closing CORRECT step: the loss regressed
+        assert record.plan.phase is Phase.CORRECT
+        assert record.outcome.action is RecoveryAction.FORCE_FULL and not record.outcome.rolled_back
+        assert any("regressed" in reason for reason in record.outcome.reasons)
+        assert record.optimizer_calls == 1 and record.outcome.applied_update
+        assert not _equal(record.after, record.before) and not _equal(record.after, snapshot)
+        assert loop.engine.phase is None and not loop.engine.guard.has_snapshot
+        assert loop.engine.stats()["rollbacks"] == 0
+        loop.run(3)
+        assert loop.phases(-3) == [Phase.FULL] * 3
+
+
+@pytest.mark.usefixtures("faulty_registry")
+def test_a_predictor_failing_at_an_intermediate_correct_step_ends_the_phase_without_rollback() -> None:
+    """The guess scored at a CORRECT step that does not close the phase raises: the predictor is reset,
+    so the phase cannot go on; the weights are not to blame, so its real step stands (no rollback, although
+    rollback is on and a snapshot exists) and FULL steps follow."""
+    loop = Loop(
+        _config(
+            predictor="test-raising",
+            check_every=0,
+            min_predict_steps=8,
+            max_predict_steps=8,
+            correction_interval=2,
+        )
+    )
+    predictor = loop.engine.predictor
+    assert isinstance(predictor, _FaultyPredictor)
+    loop.run_until(
+        lambda lp: (
+            lp.engine.controller.phase is Phase.PREDICT and lp.engine.controller.predicted_since_correct == 2
+        )
+    )
+    assert loop.engine.controller.predict_remaining > 0 and loop.engine.guard.has_snapshot
+    snapshot = _clone(loop.engine.guard.snapshot)
+    errors, resets = loop.engine.stats()["predictor_errors"], type(predictor).resets
+    type(predictor).armed = True  # whichever instance of it the engine consults (the fixture restores it)
+    record = loop.step()
+    type(predictor).armed = False
+    assert record.plan.phase is Phase.CORRECT
+    assert record.outcome.reasons == ("the predictor failed (RuntimeError)",)
+    assert record.outcome.level is DivergenceLevel.WARNING
+    assert record.outcome.action is RecoveryAction.FORCE_FULL and not record.outcome.rolled_back
+    assert record.optimizer_calls == 1 and record.outcome.applied_update
+    assert not _equal(record.after, snapshot)  # the real step's weights stand
+    stats = loop.engine.stats()
+    assert stats["predictor_errors"] == errors + 1 and stats["rollbacks"] == 0
+    assert type(predictor).resets > resets
+    assert loop.engine.phase is None and not loop.engine.controller.in_predict_phase
+    loop.run(3)
+    assert loop.phases(-3) == [Phase.FULL] * 3
+
+
+class TestCaution:
+    """A CAUTION halves the rest of the open phase and the cap on later horizons; a phase whose closing
+    CORRECT step raised one completes, but keeps the halved cap instead of widening it again."""
+
+    @staticmethod
+    def _loop() -> tuple[Loop, _ScriptedMonitor]:
+        # no bandit: every phase's horizon is the cap, so the cap is what the phases show
+        config = dataclasses.replace(_config(min_predict_steps=2, max_predict_steps=8), use_bandit=False)
+        return _scripted_loop(config)
+
+    @staticmethod
+    def _predict_runs(phases: list[Phase]) -> list[int]:
+        """Lengths of the runs of PREDICT steps, in order."""
+        runs, current = [], 0
+        for phase in phases:
+            if phase is Phase.PREDICT:
+                current += 1
+            elif current:
+                runs.append(current)
+                current = 0
+        return runs + ([current] if current else [])
+
+    def test_a_caution_mid_phase_halves_the_rest_of_it(self) -> None:
+        loop, monitor = self._loop()
+        loop.run_until(
+            lambda lp: (
+                lp.engine.controller.phase is Phase.PREDICT
+                and lp.engine.controller.predicted_since_correct == 2
+            )
+        )
+        start = len(loop.records)
+        assert loop.engine.controller.predict_remaining == 6 and loop.engine.controller.horizon_cap == 8
+        monitor.next_level = DivergenceLevel.CAUTION
+        record = loop.step()  # the third of eight predicted steps
+        assert record.plan.phase is Phase.PREDICT and record.outcome.level is DivergenceLevel.CAUTION
+        assert record.outcome.action is RecoveryAction.SHORTEN_HORIZON
+        assert record.outcome.applied_update and not record.outcome.rolled_back  # a caution applies the step
+        assert loop.engine.controller.predict_remaining == 5 // 2
+        assert loop.engine.controller.horizon_cap == 4
+        loop.run(3)
+        assert loop.phases(start) == [Phase.PREDICT] * 3 + [Phase.CORRECT]  # 3 + 2 + 1 == 6 steps, not 8 + 1
+        assert not loop.records[-1].outcome.rolled_back
+        assert loop.engine.controller.horizon_cap == 8  # the phase held: the cap grows back
+
+    def test_a_caution_at_the_closing_correct_step_keeps_the_halved_cap(self) -> None:
+        runs = {}
+        for caution in (False, True):
+            loop, monitor = self._loop()
+            loop.run_until(
+                lambda lp: (
+                    lp.engine.controller.phase is Phase.PREDICT
+                    and lp.engine.controller.predict_remaining == 0
+                )
+            )
+            assert loop.engine.controller.horizon_cap == 8
+            first_phase_end = len(loop.records)
+            monitor.next_level = DivergenceLevel.CAUTION if caution else None
+            record = loop.step()
+            assert record.plan.phase is Phase.CORRECT
+            assert record.outcome.action is (
+                RecoveryAction.SHORTEN_HORIZON if caution else RecoveryAction.CONTINUE
+            )
+            assert not record.outcome.rolled_back and loop.engine.phase is None  # completed, not failed
+            assert loop.engine.controller.horizon_cap == (4 if caution else 8)
+            loop.run(20)
+            runs[caution] = self._predict_runs(loop.phases(first_phase_end))
+        assert runs[False][0] == 8 and runs[True][0] == 4  # the next phase's horizon
 
 
 class TestDormant:
