@@ -110,9 +110,13 @@ def test_run_classification_hybrid_reports_accuracy_before_and_after(tmp_path):
         )
     )
     _assert_ran_with_predict_phases(summary, 8)
-    assert 0.0 <= summary["eval"]["eval_accuracy"] <= 1.0
     accuracies = [e for e in _log_history(out) if "eval_accuracy" in e]
     assert accuracies[0]["step"] == 0  # eval_on_start (a default): the accuracy before training
+    # beats chance: the eval set holds as many snippets of each of the 8 packages, so any constant answer
+    # scores exactly 1/8 (measured: 3/32 before training, 7/32 after these 8 steps)
+    chance = 1 / 8
+    after = summary["eval"]["eval_accuracy"]
+    assert after > chance and after > accuracies[0]["eval_accuracy"]
     assert (out / "model.safetensors").is_file()
     config = json.loads((out / "config.json").read_text())
     assert sorted(config["label2id"]) == sorted(
