@@ -8,6 +8,8 @@ import torch
 from helpers import counters, hybrid_trainer
 from transformers import TrainerCallback
 
+from hf_hybrid.engine.engine import HybridEngine
+
 SLEEPY = {
     "max_steps": 40,
     "hybrid_confidence_threshold": 0.3,
@@ -65,4 +67,36 @@ def test_resume_across_the_wake_up_is_exact(straight, tmp_path):
     assert [r["phase"] for r in resumed.hybrid_timeline] == [r["phase"] for r in trainer.hybrid_timeline]
     for name, value in resumed.model.named_parameters():
         assert torch.equal(value, dict(trainer.model.named_parameters())[name]), name
+    assert counters(resumed.hybrid_stats()) == counters(trainer.hybrid_stats())
+
+
+class _AwakeAtBegin(TrainerCallback):
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.awake = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.awake = self.trainer.engine.awake  # the engine as restored, before any step
+
+
+def test_resume_from_an_awake_checkpoint_into_a_config_where_it_may_sleep_is_exact(straight, tmp_path):
+    """A new engine of this configuration starts asleep; restoring a state saved awake must wake it first
+    (full-size buffers), then load them: the run continues exactly."""
+    out, trainer, rows = straight
+    awake_at = {r["step"] for r in rows if r["awake"]}
+    after = min(step for step in range(8, 40, 8) if step in awake_at)  # a checkpoint saved awake
+    resumed = hybrid_trainer(tmp_path, **{**SLEEPY, "save_strategy": "no"})
+    fresh = HybridEngine(dict(trainer.engine.params), resumed.engine_config)
+    assert fresh.watch.can_sleep and not fresh.awake  # so the restore has to switch it
+    at_begin = _AwakeAtBegin(resumed)
+    resumed.add_callback(at_begin)
+    resumed.train(resume_from_checkpoint=str(out / f"checkpoint-{after}"))
+    assert at_begin.awake is True
+    assert [r["phase"] for r in resumed.hybrid_timeline] == [r["phase"] for r in trainer.hybrid_timeline]
+    assert resumed.hybrid_timeline[after:] and "predict" in [
+        r["phase"] for r in resumed.hybrid_timeline[after:]
+    ]
+    expected = dict(trainer.model.named_parameters())
+    for name, value in resumed.model.named_parameters():
+        assert torch.equal(value, expected[name]), name
     assert counters(resumed.hybrid_stats()) == counters(trainer.hybrid_stats())
