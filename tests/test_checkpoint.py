@@ -296,6 +296,45 @@ def test_damaged_or_newer_state_entries_are_refused(
     _assert_refused_before_any_step(trainer, folder, message)
 
 
+def _drop_one_tensor(data: bytes) -> bytes:
+    """A well-formed safetensors file that lacks one of the tensors the readable state refers to."""
+    from safetensors.torch import load, save
+
+    tensors = load(data)
+    tensors.pop(sorted(tensors)[0])
+    return save(tensors)
+
+
+@pytest.mark.parametrize("checksum", ["recomputed", "absent"])
+@pytest.mark.parametrize(
+    ("file", "damage", "message"),
+    [
+        (HYBRID_STATE_JSON, lambda data: data[: len(data) // 2], r"hybrid_state.json cannot be read"),
+        (HYBRID_STATE_JSON, lambda data: b"[1, 2]", r"hybrid_state.json does not hold an engine state"),
+        (HYBRID_STATE_FILE, lambda data: data[: len(data) // 2], r"hybrid_state.safetensors cannot be read"),
+        (HYBRID_STATE_FILE, _drop_one_tensor, r"the hybrid state is damaged"),
+    ],
+    ids=["json_truncated", "json_not_a_state", "tensors_truncated", "tensors_missing_one"],
+)
+def test_a_damaged_state_file_is_refused_whatever_its_checksum_says(
+    straight_run, tmp_path, file, damage, message, checksum
+):
+    """The checksum catches a file damaged after it was written (tests above); a file written damaged
+    (its checksum recomputed) or a checkpoint without checksums is still refused, by the reading itself."""
+    import shutil
+
+    out, _, saved = straight_run
+    folder = tmp_path / "checkpoint-x"
+    shutil.copytree(out / f"checkpoint-{saved['correct']}", folder)
+    path = folder / file
+    path.write_bytes(damage(path.read_bytes()))
+    kind = "state" if file == HYBRID_STATE_JSON else "tensors"
+    new_sum = _sha256(path) if checksum == "recomputed" else None
+    _edit_state(folder, edit_entry=lambda entry: entry["sha256"].update({kind: new_sum}))
+    trainer = hybrid_trainer(tmp_path / "run", max_steps=40)
+    _assert_refused_before_any_step(trainer, folder, rf"{message}.*hybrid_restart_engine=True")
+
+
 def test_an_edited_state_file_is_refused_by_its_checksum(straight_run, tmp_path):
     import shutil
 
