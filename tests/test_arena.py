@@ -269,7 +269,7 @@ class TestMethodSpecs:
             ("hybrid:warp=3", r"'hybrid:warp=3':.*FIELD one of"),
             ("hybrid:warmup_steps=-1", r"hybrid_warmup_steps"),
             ("args:no_such_field=1", r"'no_such_field' is not a TrainingArguments field"),
-            ("bench_plugins:NOT_A_METHOD", r"neither a Trainer subclass nor a TrainerCallback"),
+            ("bench_plugins:NOT_A_METHOD", r"neither a Trainer subclass, a TrainerCallback nor"),
             ("bench_plugins:Missing", r"module 'bench_plugins' has no attribute 'Missing'"),
             ("no_such_module.x:Y", r"cannot import module 'no_such_module.x'"),
             ("null", r"not run alone"),
@@ -609,3 +609,28 @@ def test_a_task_factory_returns_a_bench_task(tmp_path, monkeypatch):
     args = bench.parse_args(["--task_factory", "bench_plugins:CountingCallback"])
     with pytest.raises(DataError, match="must be a function returning a hf_hybrid.bench.BenchTask"):
         task_from_factory(args)
+
+
+def test_a_method_subclass_by_import_path_takes_options_and_prices_its_own_kinds(tmp_path):
+    """The adaptive-freezing experiment is an arena plug-in: each frozen-prefix length is a kind of step,
+    priced by freezing that prefix from the start."""
+    spec = "benchmarks.experiments.adaptive_freeze:AdaptiveFreeze:signal=update,every=2,ref=1,tau=100"
+    method = parse_method(spec)
+    assert (method.signal, method.every, method.tau) == ("update", 2, 100.0)
+    with pytest.raises(MethodError, match=r"`signal` must be one of \['update', 'plateau', 'gradnorm'\]"):
+        parse_method(spec.replace("signal=update", "signal=loss"))
+    protocol = Protocol(
+        lr_multipliers=(1.0,),
+        method_lr_multipliers=(1.0,),
+        widen=0,
+        eval_points=1,
+        warm_steps=1,
+        timed_steps=1,
+    )
+    run_arena(_tiny_task(), ["plain", spec], protocol, tmp_path, echo=lambda line: None)
+    data = json.loads((tmp_path / "results.json").read_text())
+    run = next(r for r in data["runs"] if r["method"] == spec)
+    assert run["details"]["frozen_at"]  # tau=100: every window is "below", so it freezes at once
+    frozen_kinds = [k for k in run["step_counts"] if k.startswith(f"{spec}:frozen")]
+    assert frozen_kinds and all(k in data["calibration"]["units"] for k in frozen_kinds)
+    assert data["calibration"]["units"][f"{spec}:frozen1"] < data["calibration"]["units"]["step"] * 1.5

@@ -1,9 +1,10 @@
-"""A user's own `Trainer` subclass or `TrainerCallback`, named by import path (`my_pkg.tricks:MyTrainer`).
+"""A user's own method, named by import path: `my_pkg.tricks:MyTrainer`, `my_pkg.tricks:MyCallback`, or
+`my_pkg.tricks:MyMethod:option=value,...`.
 
-The class gets the arena's arguments, model and data exactly as the plain run does; a callback class is
-instantiated without arguments and added to a plain `Trainer`. Its step cost is measured by running it,
-averaged over the calibration steps (a method whose cost changes during the run should be a `Method`
-subclass that counts its kinds of step: `register_method`).
+A `Trainer` subclass gets the arena's arguments, model and data exactly as the plain run does; a callback
+class is instantiated without arguments and added to a plain `Trainer`; the step cost of either is
+measured by running it, averaged over the calibration steps. A method whose cost changes during the run
+should be a `Method` subclass that counts its kinds of step; it takes options after a second colon.
 """
 
 from __future__ import annotations
@@ -11,10 +12,22 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .base import STEP, Method, MethodError, TrialContext
-from .registry import import_object
+from .registry import import_object, parse_options
 
 if TYPE_CHECKING:
     from transformers import Trainer
+
+
+def imported_method(spec: str) -> Method:
+    """The method `spec` names by import path (see the module docstring)."""
+    module, _, rest = spec.partition(":")
+    attr, _, options = rest.partition(":")
+    target = import_object(f"{module}:{attr}")
+    if isinstance(target, type) and issubclass(target, Method):
+        return target(spec, parse_options(options, target.positional, spec))
+    if options:
+        raise MethodError(f"method {spec!r}: options need a hf_hybrid.bench.Method subclass, not {attr}")
+    return ImportedMethod(spec)
 
 
 class ImportedMethod(Method):
@@ -34,8 +47,8 @@ class ImportedMethod(Method):
             self.trainer_class, self.callback = Trainer, target
         else:
             raise MethodError(
-                f"method {self.spec!r}: {type(target).__name__} {target!r} is neither a Trainer subclass "
-                "nor a TrainerCallback"
+                f"method {self.spec!r}: {type(target).__name__} {target!r} is neither a Trainer subclass, "
+                "a TrainerCallback nor a hf_hybrid.bench.Method subclass"
             )
 
     def build(self, ctx: TrialContext) -> Trainer:

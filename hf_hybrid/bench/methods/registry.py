@@ -88,9 +88,9 @@ def parse_method(spec: str) -> Method:
         cls = _REGISTRY[name]
         return cls(spec, parse_options(rest, cls.positional, spec))
     if rest and ("." in name or rest[:1].isupper()):
-        from .imported import ImportedMethod
+        from .imported import imported_method
 
-        return ImportedMethod(spec)
+        return imported_method(spec)
     raise MethodError(
         f"unknown method {spec!r}; methods: {', '.join(available_methods())}, or module.path:Name of a "
         "Trainer subclass or TrainerCallback"
