@@ -107,6 +107,39 @@ def test_trainer_features_with_predict_phases(tmp_path, feature):
         assert all(norm <= 0.5 * (1 + 1e-5) for norm in seen)  # ... and the optimizer saw clipped gradients
 
 
+class _MeanLossLM(torch.nn.Module):
+    """A tiny GPT-2 behind a forward that takes no loss kwargs: its loss is the micro-batch mean, not
+    pre-scaled for gradient accumulation, so the Trainer divides it by the accumulation steps itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.lm = tiny_gpt2()
+
+    def forward(self, input_ids, labels=None):
+        return self.lm(input_ids=input_ids, labels=labels)
+
+
+def test_predict_step_loss_is_scaled_for_accumulation_when_the_model_does_not(tmp_path):
+    """With 4 micro-batches whose losses are plain means, a checked predict step's loss is their mean,
+    exactly as a real step's is (the Trainer's division by 4), not 4 times it."""
+    model = _MeanLossLM()
+    trainer = hybrid_trainer(tmp_path, model=model, max_steps=24, gradient_accumulation_steps=4)
+    micro: dict[int, list[float]] = {}
+    model.register_forward_hook(
+        lambda module, args, output: micro.setdefault(trainer.state.global_step, []).append(
+            float(output.loss)
+        )
+    )
+    trainer.train()
+    assert not trainer.model_accepts_loss_kwargs and trainer.compute_loss_func is None
+    timeline = trainer.hybrid_timeline
+    predicted = [i for i, row in enumerate(timeline) if row["phase"] == "predict"]
+    assert predicted and trainer.hybrid_stats()["predict_checked"] == len(predicted)
+    assert all(len(micro[i]) == 4 for i in range(len(timeline)))
+    for i, row in enumerate(timeline):
+        assert row["loss"] == pytest.approx(sum(micro[i]) / 4, rel=1e-6), (i, row["phase"])
+
+
 _SCHEDULER_KWARGS = {
     "cosine_with_min_lr": {"min_lr_rate": 0.1},
     "cosine_warmup_with_min_lr": {"min_lr_rate": 0.1},

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 from helpers import EveryStep, hybrid_trainer, tiny_gpt2
 from transformers import TrainerCallback
 
-from hf_hybrid import Phase
+from hf_hybrid import HybridHFTrainer, Phase
 from hf_hybrid.engine.predictor import EMAPredictor, register_predictor, unregister_predictor
 
 FROZEN = ("transformer.wpe.weight", "transformer.ln_f.weight", "transformer.ln_f.bias")
@@ -272,3 +273,30 @@ def test_a_probe_that_says_worse_rolls_every_phase_back(tmp_path):
         opened = weights[start - 1]
         assert any(not torch.equal(weights[end - 1][n], opened[n]) for n in opened), end
         assert all(torch.equal(weights[end][n], opened[n]) for n in opened), end
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """The training examples as a stream: no length, so no fixed probe examples can be drawn from it."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __iter__(self):
+        return iter(self.dataset)
+
+
+def test_the_probe_refuses_an_iterable_dataset_before_any_step(tmp_path):
+    from helpers import hybrid_args, tiny_data
+
+    train, _ = tiny_data()
+    model = tiny_gpt2()
+    trainer = HybridHFTrainer(
+        model=model,
+        args=hybrid_args(tmp_path, max_steps=20, hybrid_probe_batches=2),
+        train_dataset=_Stream(train),
+    )
+    forwards = []
+    model.register_forward_hook(lambda *args: forwards.append(1))
+    with pytest.raises(ValueError, match=r"`hybrid_probe_batches` needs a train_dataset with a length"):
+        trainer.train()
+    assert forwards == [] and trainer.state.global_step == 0
