@@ -98,6 +98,7 @@ def test_sharded_run_takes_the_phases_losses_and_weights_of_one_process(runs):
 
 
 def test_resume_from_a_predict_phase_continues_bit_for_bit_on_the_same_world_size(runs):
+    assert len(runs["ranks"]) == 2
     for result in runs["ranks"]:
         start = result["saved_at"]
         assert result["saved_phase"] == "predict"
@@ -115,7 +116,9 @@ def _events(runs: dict[str, Any], fault: str) -> list[dict[str, Any]]:
 
 
 def test_a_predicted_update_non_finite_on_one_shard_is_refused_on_every_rank(runs):
-    for event in _events(runs, "nan_on_rank1"):  # NaN on rank 1's shard only
+    events = _events(runs, "nan_on_rank1")  # NaN on rank 1's shard only
+    assert len(events) == 2
+    for event in events:
         assert not event["applied"] and event["unchanged"]
         assert event["reasons"] == ["non-finite predicted delta for 0.weight"]
         assert event["action"] in ("rollback", "force_full")

@@ -44,7 +44,9 @@ def test_levels_are_ordered() -> None:
 
 def test_smooth_decreasing_noisy_loss_stays_normal() -> None:
     monitor = DivergenceMonitor()
-    for loss in _smooth_loss(500, seed=0):
+    losses = _smooth_loss(500, seed=0)
+    assert len(losses) == 500
+    for loss in losses:
         report = monitor.check(loss, grad_norm=1.0)
         assert report.level == DivergenceLevel.NORMAL, report
         assert report.reasons == []

@@ -246,6 +246,7 @@ class TestFullRun:
 
     def test_update_tracker_follows_the_parameters(self, full_run: Loop) -> None:
         engine = full_run.engine
+        assert engine.watch.updates.last.keys() == full_run.params.keys()
         for name, p in full_run.params.items():
             assert torch.equal(engine.watch.updates.last[name], p.detach().float())
 

@@ -23,6 +23,7 @@ def _clone(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def _assert_bitwise(params: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert params.keys() == expected.keys()
     for name, p in params.items():
         assert p.dtype == expected[name].dtype
         assert torch.equal(p.detach(), expected[name]), name

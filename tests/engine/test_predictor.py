@@ -355,6 +355,7 @@ class TestAdamReplay:
         predictor = build_predictor("adam", params=params, optimizer=optimizer)
         for k in (1, 2, 3):  # as the engine does: each prediction from the weights the previous one left
             predicted = predictor.predict(k)
+            assert predicted is not None and predicted.keys() == params.keys()
             with torch.no_grad():
                 for name, p in params.items():
                     p.add_(predicted[name])
