@@ -1,18 +1,25 @@
-"""Soak: 600 steps of tiny GPT-2 with a predictor that is deliberately bad at random predict steps.
+"""Soak: tiny GPT-2 with a predictor that is deliberately bad at random predict steps.
 
-At each predict step, with probability 0.15 (seeded), the predictor's guess is replaced by one of:
+At each predict step, with probability 0.3 (seeded), the predictor's guess is replaced by one of:
 NaN, inf, a wrongly shaped tensor, an exception (each must be refused on the spot: rollback,
 predictor reset, forced FULL), or -50x the guess (confidently wrong: the phase must be rolled back or
-the loss must stay within the monitor's tolerance). The run must finish with finite weights, its
-final eval loss within the plain Trainer's spread over 3 seeds, and the telemetry must count every
-rollback. Prints `N passed, N failed` (injected faults recovered / not).
+the loss must stay within the monitor's tolerance). The kinds come in a seeded shuffled cycle, so every
+block of five faults holds each kind once. The run must finish with finite weights, its final eval loss
+within the plain Trainer's spread over seeds, and the telemetry must count every rollback. Prints
+`N passed, N failed` (injected faults recovered / not).
 
 "Within the plain Trainer's spread" is read as: at most the mean + 3 sample standard deviations of the
-plain Trainer's final eval loss over 5 seeds (a lower loss is always fine). The hybrid settings predict
+plain Trainer's final eval loss over the seeds (a lower loss is always fine). The hybrid settings predict
 about a fifth of the steps (a real FULL stretch of 12 steps between predict phases of at most 4): at
 the soak's first settings (3 FULL steps, ~40% of the steps predicted) the hybrid trainer was worse than
 that bound even without any fault, because this predictor does not teach the model as much as the
 batches it skips (issue 3's benchmark).
+
+Two sizes: the default one (in every test run: 200 steps, 3 plain seeds, checkpoints at 100 and 200) and
+the full one (`-m slow`: 600 steps, 5 plain seeds, and 3 clean hybrid runs printed for comparison).
+Measured: at the default size 7 faults, all recovered, eval loss 3.281 against a bound of 3.290 (the same
+run never faulted: 3.279, so the margin is the hybrid's own deficit at 200 steps, not the faults'); at
+the full size 22 faults, all recovered, 3.075 against 3.103.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -33,10 +41,23 @@ from harness import (
 )
 from helpers import EveryStep, hybrid_trainer, plain_trainer, tiny_data
 
-STEPS = 600
 PROBABILITY = 0.3
-PLAIN_SEEDS = (0, 1, 2, 3, 4)
 SOAK_ARGS = {"hybrid_full_steps": 12}
+
+
+@dataclass(frozen=True)
+class SoakSize:
+    steps: int
+    plain_seeds: tuple[int, ...]
+    clean_seeds: tuple[int, ...]  # the same faulty-predictor trainer, never faulted (printed only)
+    save_steps: int
+    min_faults: int
+
+
+DEFAULT_SIZE = SoakSize(steps=200, plain_seeds=(0, 1, 2), clean_seeds=(), save_steps=100, min_faults=5)
+FULL_SIZE = SoakSize(
+    steps=600, plain_seeds=(0, 1, 2, 3, 4), clean_seeds=(0, 1, 2), save_steps=150, min_faults=10
+)
 KINDS = ["nan", "inf", "wrong_shape", "raises", "wrong_direction"]
 REFUSED = {"nan", "inf", "wrong_shape", "raises"}  # must be refused at the step itself
 
@@ -49,6 +70,12 @@ class _RandomTrigger(Trigger):
         self.rng = random.Random(seed)
         self.decided: dict[int, str | None] = {}
         self.kinds: dict[int, str] = {}
+        self.cycle: list[str] = []
+
+    def _next_kind(self) -> str:
+        if not self.cycle:
+            self.cycle = self.rng.sample(KINDS, len(KINDS))
+        return self.cycle.pop()
 
     def active(self) -> bool:
         engine = self.trainer.engine
@@ -56,7 +83,7 @@ class _RandomTrigger(Trigger):
         if engine is None or engine.controller.phase is None or engine.controller.phase.value != "predict":
             return False
         if step not in self.decided:
-            self.decided[step] = self.rng.choice(KINDS) if self.rng.random() < PROBABILITY else None
+            self.decided[step] = self._next_kind() if self.rng.random() < PROBABILITY else None
         kind = self.decided[step]
         if kind is None:
             return False
@@ -81,21 +108,30 @@ def _eval_loss(trainer) -> float:
     return trainer.evaluate(eval_dataset=evaluation)["eval_loss"]
 
 
-@pytest.mark.slow
 def test_soak_with_a_predictor_that_is_bad_at_random_steps(tmp_path, invariants):
+    _soak(tmp_path, invariants, DEFAULT_SIZE)
+
+
+@pytest.mark.slow
+def test_soak_full_size(tmp_path, invariants):
+    _soak(tmp_path, invariants, FULL_SIZE)
+
+
+def _soak(tmp_path, invariants, size: SoakSize) -> None:
+    steps = size.steps
     plain_losses = []
-    for seed in PLAIN_SEEDS:
-        plain = plain_trainer(tmp_path / f"plain-{seed}", model=fault_model(seed), max_steps=STEPS, seed=seed)
+    for seed in size.plain_seeds:
+        plain = plain_trainer(tmp_path / f"plain-{seed}", model=fault_model(seed), max_steps=steps, seed=seed)
         plain.train()
         plain_losses.append(_eval_loss(plain))
 
     clean_losses = []  # the same trainer and predictor, never faulted
     clean_cls: type[FaultyPredictor] = fault_predictor(lambda out, params: out)
-    for seed in (0, 1, 2):
+    for seed in size.clean_seeds:
         clean = hybrid_trainer(
             tmp_path / f"clean-{seed}",
             model=fault_model(seed),
-            max_steps=STEPS,
+            max_steps=steps,
             seed=seed,
             hybrid_predictor=clean_cls.name,
             logging_steps=50,
@@ -108,11 +144,11 @@ def test_soak_with_a_predictor_that_is_bad_at_random_steps(tmp_path, invariants)
     trainer = hybrid_trainer(
         tmp_path / "hybrid",
         model=fault_model(0),
-        max_steps=STEPS,
+        max_steps=steps,
         hybrid_predictor=cls.name,
         logging_steps=50,
         save_strategy="steps",
-        save_steps=150,
+        save_steps=size.save_steps,
         **SOAK_ARGS,
     )
     invariants.watch(trainer)
@@ -127,7 +163,7 @@ def test_soak_with_a_predictor_that_is_bad_at_random_steps(tmp_path, invariants)
     )
     trainer.train()
     invariants.verify()
-    assert trainer.state.global_step == STEPS and all(weights_finite)
+    assert trainer.state.global_step == steps and len(weights_finite) == steps and all(weights_finite)
 
     timeline = trainer.hybrid_timeline
     stats = trainer.hybrid_stats()
@@ -159,7 +195,7 @@ def test_soak_with_a_predictor_that_is_bad_at_random_steps(tmp_path, invariants)
         f"{statistics.mean(plain_losses) + 3 * statistics.stdev(plain_losses):.4f})"
     )
     print(f"{recovered} passed, {failed} failed")
-    assert len(trigger.firings) >= 10 and all(counts.values())
+    assert len(trigger.firings) >= size.min_faults and all(counts.values())
     assert failed == 0
     assert stats["rollbacks"] == sum(row["rolled_back"] for row in timeline)  # every rollback counted
     assert stats["rollbacks"] >= caused == sum(counts[k] for k in REFUSED)
