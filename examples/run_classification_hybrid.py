@@ -1,6 +1,6 @@
 """Sequence classification with HybridHFTrainer: which standard-library package is this source from?
 
-The recipe is `hf_hybrid/scripts/classification.py`, which is also
+The recipe is `hf_hybrid/recipes/classification.py`, which is also
 `hf-hybrid train --task sequence_classification`; this file runs it with small, CPU-sized defaults.
 The task is real and needs no download: snippets of the Python standard library's own source (asyncio,
 email, xml, unittest, multiprocessing, importlib, http, urllib), labelled by package; the eval snippets
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hf_hybrid.scripts import classification
+from hf_hybrid.recipes import classification
 
 # Small, CPU-sized defaults (100 steps of batch 16 x 64 tokens: a few minutes on 2 CPU cores).
 DEFAULTS: dict[str, Any] = {

@@ -1,6 +1,6 @@
 """Causal-LM training with HybridHFTrainer, in the style of transformers' `examples/pytorch/run_clm.py`.
 
-The recipe is `hf_hybrid/scripts/clm.py`, which is also `hf-hybrid train`; this file runs it with small,
+The recipe is `hf_hybrid/recipes/clm.py`, which is also `hf-hybrid train`; this file runs it with small,
 CPU-sized defaults. Every `TrainingArguments` field and every `hybrid_*` field is a flag (`--help` lists
 the main ones, `--help-all` all of them), or all of them come from one .json/.yaml file. With no
 arguments it trains a small byte-level GPT-2 from scratch on the Python standard library's source:
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hf_hybrid.scripts import clm
+from hf_hybrid.recipes import clm
 
 # Small, CPU-sized defaults; any flag or argument-file entry overrides them.
 DEFAULTS: dict[str, Any] = {

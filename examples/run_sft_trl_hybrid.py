@@ -32,7 +32,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 from hf_hybrid.data import is_eval_file, stdlib_source_files
-from hf_hybrid.scripts.common import parse_arguments, setup_run, train_and_finish
+from hf_hybrid.recipes.common import parse_arguments, setup_run, train_and_finish
 from hf_hybrid.sft import HybridSFTConfig, HybridSFTTrainer
 
 BYTE_EOS = "<|endoftext|>"

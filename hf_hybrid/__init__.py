@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from .version import __version__
 
 _EXPORTS = {
     "HybridArgumentsMixin": "hf_hybrid.hybrid_arguments",
@@ -20,6 +20,8 @@ _EXPORTS = {
     "EngineConfig": "hf_hybrid.engine.config",
     "HybridEngine": "hf_hybrid.engine.engine",
     "StepRecord": "hf_hybrid.engine.engine",
+    "StepPlan": "hf_hybrid.engine.engine",
+    "StepOutcome": "hf_hybrid.engine.engine",
     "HybridOptimizer": "hf_hybrid.engine.optimizer",
     "DeltaPredictor": "hf_hybrid.engine.predictor",
     "register_predictor": "hf_hybrid.engine.predictor",
@@ -36,7 +38,10 @@ __all__ = [
     "HybridTrainingArguments",
     "Phase",
     "PhaseSchedule",
+    "StepOutcome",
+    "StepPlan",
     "StepRecord",
+    "__version__",
     "available_predictors",
     "register_predictor",
     "unregister_predictor",
@@ -45,7 +50,7 @@ __all__ = [
 if TYPE_CHECKING:
     from .args import HybridTrainingArguments
     from .engine.config import EngineConfig
-    from .engine.engine import HybridEngine, StepRecord
+    from .engine.engine import HybridEngine, StepOutcome, StepPlan, StepRecord
     from .engine.optimizer import HybridOptimizer
     from .engine.phases import Phase, PhaseSchedule
     from .engine.predictor import (

@@ -113,7 +113,7 @@ def _write_state_files(
     contiguous = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
     tmp = folder / (tensor_file + ".tmp")
     save_file(contiguous, str(tmp), metadata={"format": "pt", "hf_hybrid_format": str(FORMAT_VERSION)})
-    digest = _sha256(tmp)
+    digest = file_sha256(tmp)
     os.replace(tmp, folder / tensor_file)
     return {"tensors": digest, "state": _write_atomically(folder / state_file, json.dumps(tree, indent=1))}
 
@@ -154,7 +154,7 @@ def _verified_file(
     if not path.is_file():
         raise HybridCheckpointError(f"{path} is missing but trainer_state.json has a hybrid state; {_HINT}")
     expected = (entry.get("sha256") or {}).get(sha_key)
-    if expected is not None and _sha256(path) != expected:
+    if expected is not None and file_sha256(path) != expected:
         raise HybridCheckpointError(f"{path} is corrupt or truncated (checksum mismatch); {_HINT}")
     return path
 
@@ -199,7 +199,7 @@ def _write_atomically(path: Path, text: str) -> str:
     """Write `text` to `path` through a temporary file; returns its SHA-256."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
-    digest = _sha256(tmp)
+    digest = file_sha256(tmp)
     os.replace(tmp, path)
     return digest
 
@@ -213,7 +213,7 @@ def load_timeline(folder: str | os.PathLike) -> list[dict[str, Any]]:
     return json.loads(path.read_text()) if path.is_file() else []
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):

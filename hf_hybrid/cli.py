@@ -2,7 +2,7 @@
 
 `hf-hybrid --version`, `hf-hybrid --help` and `hf-hybrid train --help` answer without importing
 transformers (which takes seconds); each subcommand imports what it needs. `train` runs a recipe of
-`hf_hybrid.scripts` (`--task causal_lm`, the default, or `sequence_classification`).
+`hf_hybrid.recipes` (`--task causal_lm`, the default, or `sequence_classification`).
 
     hf-hybrid demo                                   # plain Trainer vs HybridHFTrainer, a few minutes on CPU
     hf-hybrid train --output_dir out --max_steps 200 # the tiny built-in model on the stdlib corpus
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
 from .bench_cli import add_bench_parser, bench_main
-from .scripts import DEFAULT_TASK, TASKS
+from .recipes import DEFAULT_TASK, TASKS
 
 TASK_FLAG = "--task"
 

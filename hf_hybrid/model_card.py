@@ -27,6 +27,7 @@ from typing import Any
 
 from .hybrid_arguments import HybridArgumentsMixin
 from .telemetry import measured_step_seconds, measured_time_saved_fraction
+from .version import __version__
 
 HYBRID_TAG = "hf-hybrid"
 TEMPLATE = "hybrid_section.md"
@@ -45,8 +46,6 @@ def card_context(
     """Template values from the engine's counters (`stats`), its recent scores (`metrics`), the hybrid
     settings (`config`, with the seed resolved) and the per-step timeline. Anything not measured in
     this run is None and shows as n/a."""
-    from . import __version__
-
     errors = [
         abs(row["loss"] - row["predicted_loss"])
         for row in timeline

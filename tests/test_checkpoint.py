@@ -9,7 +9,7 @@ import torch
 from helpers import EveryStep, SaveAt, counters, hybrid_trainer, step_logs
 from transformers import TrainerCallback
 
-from hf_hybrid.checkpoint import HYBRID_STATE_FILE, HYBRID_STATE_JSON, HybridCheckpointError, _sha256
+from hf_hybrid.checkpoint import HYBRID_STATE_FILE, HYBRID_STATE_JSON, HybridCheckpointError, file_sha256
 
 
 def _params(trainer):
@@ -269,7 +269,7 @@ def _edit_state(folder, edit_entry=None, edit_tree=None):
         tree = json.loads((folder / HYBRID_STATE_JSON).read_text())
         edit_tree(tree)
         (folder / HYBRID_STATE_JSON).write_text(json.dumps(tree))
-        entry["sha256"]["state"] = _sha256(folder / HYBRID_STATE_JSON)
+        entry["sha256"]["state"] = file_sha256(folder / HYBRID_STATE_JSON)
     if edit_entry is not None:
         edit_entry(entry)
     path.write_text(json.dumps(state))
@@ -329,7 +329,7 @@ def test_a_damaged_state_file_is_refused_whatever_its_checksum_says(
     path = folder / file
     path.write_bytes(damage(path.read_bytes()))
     kind = "state" if file == HYBRID_STATE_JSON else "tensors"
-    new_sum = _sha256(path) if checksum == "recomputed" else None
+    new_sum = file_sha256(path) if checksum == "recomputed" else None
     _edit_state(folder, edit_entry=lambda entry: entry["sha256"].update({kind: new_sum}))
     trainer = hybrid_trainer(tmp_path / "run", max_steps=40)
     _assert_refused_before_any_step(trainer, folder, rf"{message}.*hybrid_restart_engine=True")

@@ -11,7 +11,7 @@ None of these modules imports transformers or torch when imported, so `--help` a
 from __future__ import annotations
 
 TASKS = {
-    "causal_lm": "hf_hybrid.scripts.clm",
-    "sequence_classification": "hf_hybrid.scripts.classification",
+    "causal_lm": "hf_hybrid.recipes.clm",
+    "sequence_classification": "hf_hybrid.recipes.classification",
 }
 DEFAULT_TASK = "causal_lm"
