@@ -16,6 +16,7 @@ The learning-rate schedule keeps advancing in every phase because the loop calls
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -63,6 +64,18 @@ from .telemetry import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+def _charged(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """What a trainer-side hook does is the hybrid trainer's cost: it goes on the engine's clock
+    (`hybrid_stats()["timing"]`, part `trainer`), beside the engine's own parts."""
+
+    @functools.wraps(hook)
+    def charged(self: HybridHFTrainer, *args: Any, **kwargs: Any) -> Any:
+        with self.engine.timer.part("trainer"):
+            return hook(self, *args, **kwargs)
+
+    return charged
 
 
 class HybridHFTrainer(Trainer):
@@ -301,15 +314,18 @@ class HybridHFTrainer(Trainer):
     ) -> torch.Tensor:
         if self.engine is None:
             return super().training_step(model, inputs, num_items_in_batch)
-        plan = self._step_plan()
-        if plan.phase.runs_backward:
-            loss = super().training_step(model, inputs, num_items_in_batch)
-        elif plan.measure_loss:
-            loss = self._forward_only_step(model, inputs, num_items_in_batch)
-        else:
-            return self._blind_step_loss()
-        self._window_losses.append(loss)
-        return loss
+        timer = self.engine.timer  # all but the plain step's own work is the hybrid trainer's cost
+        with timer.part("trainer"):
+            plan = self._step_plan()
+            if plan.phase.runs_backward:
+                with timer.outside():
+                    loss = super().training_step(model, inputs, num_items_in_batch)
+            elif plan.measure_loss:
+                loss = self._forward_only_step(model, inputs, num_items_in_batch)
+            else:
+                return self._blind_step_loss()
+            self._window_losses.append(loss)
+            return loss
 
     def _step_plan(self) -> StepPlan:
         """The phase is decided once per optimizer step, on its first micro-batch, on every rank: the
@@ -330,9 +346,10 @@ class HybridHFTrainer(Trainer):
         with cp_context():
             model.train()
             self.optimizer.train()
-            inputs = self._prepare_inputs(inputs)
-            with torch.no_grad(), self.compute_loss_context_manager():
-                loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+            with self.engine.timer.outside():  # the forward itself is the step's compute, not overhead
+                inputs = self._prepare_inputs(inputs)
+                with torch.no_grad(), self.compute_loss_context_manager():
+                    loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         self._reshard_after_forward_only(model)
         if self.args.n_gpu > 1:
             loss = loss.mean()
@@ -381,7 +398,9 @@ class HybridHFTrainer(Trainer):
         if self._in_predicted_step():
             return None
         grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
-        self._grad_norm = None if grad_norm is None else float(grad_norm)
+        if self.engine is not None:
+            with self.engine.timer.part("trainer"):  # a host read: a device sync on an accelerator
+                self._grad_norm = None if grad_norm is None else float(grad_norm)
         return grad_norm
 
     def _in_predicted_step(self) -> bool:
@@ -391,6 +410,7 @@ class HybridHFTrainer(Trainer):
             and not self.engine.plan.phase.runs_backward
         )
 
+    @_charged
     def _step_record(self) -> StepRecord:
         """What this optimizer step measured, for the engine: the loss averaged over ranks (so every rank
         feeds the engine the same value), the gradient norm, the learning rate."""
@@ -402,6 +422,7 @@ class HybridHFTrainer(Trainer):
             loss = float(total)
         return StepRecord(loss, self._grad_norm, self._get_learning_rate())
 
+    @_charged
     def _record_outcome(self, outcome: StepOutcome) -> None:
         """One timeline row per optimizer step (the plot, the model card and resume read it)."""
         self.hybrid_timeline.append(
@@ -526,7 +547,8 @@ class HybridHFTrainer(Trainer):
         engine (FSDP2), and counters follow the phase decisions, which every rank takes identically.
         """
         if self.engine is not None and "loss" in logs:
-            logs.update({f"hybrid/{key}": value for key, value in self.engine.metrics().items()})
+            with self.engine.timer.part("trainer"):
+                logs.update({f"hybrid/{key}": value for key, value in self.engine.metrics().items()})
         if self.engine is not None and "train_runtime" in logs:  # the end-of-run metrics
             stats = self.hybrid_stats()
             logs.update({f"hybrid/{key}": float(stats[key]) for key in _SUMMARY_KEYS})
@@ -536,16 +558,12 @@ class HybridHFTrainer(Trainer):
     def hybrid_stats(self) -> dict[str, Any]:
         """Plain dict: steps per phase, backward passes run/skipped, rollbacks, refusals, compute units,
         the engine's bytes (now and peak), the highest confidence against the threshold, and under
-        `timing` the engine's share of the step time (host clock; the only entry that varies run to run)."""
+        `timing` the share of the step time that the hybrid machinery took — the engine and this
+        trainer's hooks, in all (`engine_time_share`) and by part (`parts`); CPU time on CPU (see
+        `engine.timing`), the only entry that varies run to run."""
         if self.engine is None:
             return {"enabled": False, "steps_per_phase": {p.value: 0 for p in Phase}, "backward_skipped": 0}
-        step_seconds = sum(row["seconds"] for row in self.hybrid_timeline if row.get("seconds") is not None)
-        timing = {
-            "engine_seconds": self.engine.seconds,
-            "step_seconds": step_seconds,
-            "engine_time_share": self.engine.seconds / step_seconds if step_seconds > 0 else 0.0,
-        }
-        stats = {"enabled": True, **self.engine.stats(), "timing": timing}
+        stats = {"enabled": True, **self.engine.stats(), "timing": self.engine.timing()}
         stats["no_predict_reason"] = no_predict_reason(stats)
         return stats
 
@@ -643,8 +661,9 @@ class _HybridProgressCallback(ProgressCallback):
         super().on_step_end(args, state, control, **kwargs)
         engine = self.trainer.engine
         if engine is not None and self.training_bar is not None:
-            phase = engine.controller.phase.value if engine.controller.phase else None
-            self.training_bar.set_postfix(progress_postfix(phase, engine.stats()), refresh=False)
+            with engine.timer.part("trainer"):
+                phase = engine.controller.phase.value if engine.controller.phase else None
+                self.training_bar.set_postfix(progress_postfix(phase, engine.stats()), refresh=False)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         super().on_log(args, state, control, logs=self.trainer._console_logs(logs or {}), **kwargs)

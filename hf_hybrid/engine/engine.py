@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +53,7 @@ from .recovery import (
 from .residuals import Corrector, Residual, ResidualStore
 from .sharding import ShardGroup
 from .state import FORMAT_VERSION, describe_mismatch, describe_sharding_mismatch, parameter_fingerprint
+from .timing import PartTimer, clock_for
 from .watch import UpdateWatch
 
 logger = logging.getLogger(__name__)
@@ -122,6 +122,8 @@ class HybridEngine:
         self.params = dict(params)
         self.shards = ShardGroup.of(self.params)  # FSDP2's sharded DTensors, or none
         self.probe = probe
+        # what the hybrid machinery costs, by part; the caller's hooks are charged to it too
+        self.timer = PartTimer(clock_for(self.params.values()))
         s = self.config.schedule
         self.controller = PhaseController(s)
         self.bandit = HorizonBandit(
@@ -148,7 +150,7 @@ class HybridEngine:
         self.monitor = DivergenceMonitor(sigma=self.config.divergence_sigma)
         self.store = ResidualStore()
         self.corrector = Corrector()
-        self.guard = ParameterGuard(self.params, self.config.snapshot_device, self.shards)
+        self.guard = ParameterGuard(self.params, self.config.snapshot_device, self.shards, self.timer)
         self.counters = StepCounters()
         self.phase: PredictPhase | None = None
         self.plan: StepPlan | None = None
@@ -157,7 +159,6 @@ class HybridEngine:
         self.last_predicted_loss: float | None = None
         self.last_measured_loss: float | None = None
         self.max_confidence = 0.0  # highest confidence measured after warmup (the summary's "why not")
-        self.seconds = 0.0  # host time spent in begin_step/finish_step, the optimizer's own step excluded
         self.meter = MemoryMeter(self._tensors)
 
     @property
@@ -187,8 +188,9 @@ class HybridEngine:
         )
         if sleepy == (not self.awake):
             return
-        self.watch.set_awake(not sleepy)
-        self.losses.set_awake(not sleepy)
+        with self.timer.part("wake"):
+            self.watch.set_awake(not sleepy)
+            self.losses.set_awake(not sleepy)
         self.last_predicted_loss = None
         self.meter.changed = True
         logger.info(
@@ -203,22 +205,23 @@ class HybridEngine:
 
     def begin_step(self) -> StepPlan:
         """Decide the phase of the next optimizer step (call once per step, on every rank)."""
-        started = time.perf_counter()
-        was_predicting = self.controller.in_predict_phase
-        confidence = self.confidence()
-        if self.controller.steps_decided >= self.config.schedule.warmup_steps:
-            self.max_confidence = max(self.max_confidence, confidence)
-        # a phase opens only on full-size buffers: a sleeping engine whose confidence jumped past the
-        # threshold in one step runs this step in full and wakes at its end (`_update_wakefulness`)
-        decisive = confidence if self.awake else 0.0
-        phase = self.controller.decide(decisive, self.predictor.observed, self._choose_horizon)
-        if phase is Phase.PREDICT and not was_predicting:
-            self._open_phase()
-        self.last_predicted_loss = _finite_or_none(self.losses.next_loss())
-        measure = phase.runs_backward or self._is_checked_predict_step()
-        self.plan = StepPlan(phase, measure)
-        self.counters.add(f"steps_{phase.value}")
-        self.seconds += time.perf_counter() - started
+        self.timer.start_step()
+        with self.timer.part("decide"):
+            was_predicting = self.controller.in_predict_phase
+            confidence = self.confidence()
+            if self.controller.steps_decided >= self.config.schedule.warmup_steps:
+                self.max_confidence = max(self.max_confidence, confidence)
+            # a phase opens only on full-size buffers: a sleeping engine whose confidence jumped past the
+            # threshold in one step runs this step in full and wakes at its end (`_update_wakefulness`)
+            decisive = confidence if self.awake else 0.0
+            phase = self.controller.decide(decisive, self.predictor.observed, self._choose_horizon)
+            if phase is Phase.PREDICT and not was_predicting:
+                self._open_phase()
+            with self.timer.part("loss_forecaster"):
+                self.last_predicted_loss = _finite_or_none(self.losses.next_loss())
+            measure = phase.runs_backward or self._is_checked_predict_step()
+            self.plan = StepPlan(phase, measure)
+            self.counters.add(f"steps_{phase.value}")
         return self.plan
 
     def finish_step(
@@ -231,24 +234,24 @@ class HybridEngine:
         """
         if self.plan is None:
             raise RuntimeError("finish_step() called without begin_step()")
-        started = time.perf_counter()
-        optimizer_seconds = 0.0
 
-        def timed_optimizer_step() -> None:
-            nonlocal optimizer_seconds
-            begun = time.perf_counter()
-            optimizer_step()
-            optimizer_seconds += time.perf_counter() - begun
+        def plain_optimizer_step() -> None:  # the plain step's own work: charged to no part
+            with self.timer.outside():
+                optimizer_step()
 
-        plan, self.plan = self.plan, None
-        if plan.phase.runs_backward:
-            outcome = self._real_step(plan.phase, record, timed_optimizer_step, skip_nonfinite_step)
-        else:
-            outcome = self._predict_step(record.loss if plan.measure_loss else None, record.learning_rate)
-        if self.meter.changed or not plan.phase.runs_backward or self.predictor.observed <= 2:
-            # buffers appear at a wake-up, a phase's snapshot, a predicted write, a predictor's first updates
-            self.meter.update()
-        self.seconds += time.perf_counter() - started - optimizer_seconds
+        with self.timer.part("engine"):
+            plan, self.plan = self.plan, None
+            if plan.phase.runs_backward:
+                outcome = self._real_step(plan.phase, record, plain_optimizer_step, skip_nonfinite_step)
+            else:
+                loss = record.loss if plan.measure_loss else None
+                outcome = self._predict_step(loss, record.learning_rate)
+            if self.meter.changed or not plan.phase.runs_backward or self.predictor.observed <= 2:
+                # buffers appear at a wake-up, a phase's snapshot, a predicted write, a predictor's first
+                # updates
+                with self.timer.part("memory"):
+                    self.meter.update()
+        self.timer.end_step()
         return outcome
 
     # ---- real steps (WARMUP, FULL, CORRECT) ----------------------------------------------------
@@ -260,30 +263,35 @@ class HybridEngine:
         loss, grad_norm = record.loss, record.grad_norm
         alarms: list[Alarm] = []
         if phase is Phase.CORRECT and self.phase is not None:
-            alarms += self._validate_phase(loss)
+            with self.timer.part("decide"):
+                alarms += self._validate_phase(loss)
         finite = loss is not None and math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm))
         if not finite:
             self.counters.add("nonfinite_real_steps")
             alarms.append(Alarm(DivergenceLevel.CRITICAL, f"{NONFINITE_STEP} ({loss}, {grad_norm})"))
-        report = self.monitor.check(loss, grad_norm, self._forecast_error(loss) if finite else None)
+        with self.timer.part("monitor"):
+            report = self.monitor.check(loss, grad_norm, self._forecast_error(loss) if finite else None)
         alarms += alarms_from_report(report)
         steps_ahead, self.steps_since_real = self.steps_since_real + 1, 0
         if not finite:  # the gradient is unusable: the step is not applied
             if not skip_nonfinite:  # a GradScaler must still see it (it skips non-finite steps itself)
                 optimizer_step()
                 self.guard.forget_compensation()
-                self.watch.updates.take()
+                with self.timer.part("real_update"):
+                    self.watch.take()
             return self._outcome(phase, loss, False, alarms, self._recover(alarms, phase))
         # A finite step always reaches the optimizer, as in the plain Trainer; a rollback decided below
         # then restores the snapshot, so a rolled-back step ends exactly where its phase began.
         residual = self._observe_real_step(phase, record, optimizer_step, steps_ahead, alarms)
-        self.losses.observe(loss, record.learning_rate, grad_norm, phase.index)
+        with self.timer.part("loss_forecaster"):
+            self.losses.observe(loss, record.learning_rate, grad_norm, phase.index)
         self.last_measured_loss = loss
         action = self._recover(alarms, phase)
         if phase is Phase.CORRECT and self.phase is not None:
             if self.controller.predict_remaining > 0:
                 # intermediate CORRECT: the validated state is the new rollback point
-                self.guard.take_snapshot()
+                with self.timer.part("snapshot"):
+                    self.guard.take_snapshot()
                 self.meter.changed = True
             else:
                 skill = 0.0 if residual is None else residual.skill(self.corrector.scale)
@@ -302,30 +310,33 @@ class HybridEngine:
         """The optimizer step itself, and what the engine learns from it: the real update, and the
         score of its own guess of that update. Returns the residual (None when not scored)."""
         if phase is not Phase.CORRECT:
-            self._update_wakefulness()
+            with self.timer.part("decide"):
+                self._update_wakefulness()
         sparse = (phase is Phase.FULL and self._dormant()) or (phase is Phase.WARMUP and self._early_warmup())
-        if sparse and self.watch.updates.unobserved_steps + 1 < self.config.dormant_every:
+        if sparse and self.watch.sampled_updates.unobserved_steps + 1 < self.config.dormant_every:
             optimizer_step()
             self.guard.forget_compensation()
-            self.watch.updates.skip()
+            self.watch.skip()
             return None
         scored = phase is not Phase.WARMUP  # warmup only observes: no prediction to score, no cost
-        predicted, failure = self._guess(steps_ahead) if scored else (None, None)
+        predicted, failure = self._guess(steps_ahead, sampled=True) if scored else (None, None)
         if failure is not None and self.phase is not None and self.controller.predict_remaining > 0:
             # the phase would go on predicting with a predictor that was just reset
             alarms.append(Alarm(DivergenceLevel.WARNING, failure, blames_weights=False))
         optimizer_step()
         self.guard.forget_compensation()
-        delta = self.watch.updates.take()
+        with self.timer.part("real_update"):
+            sampled, whole = self.watch.take()
         residual = None
-        if scored:
-            pd, pp, dd = self.shards.sum(delta_dot_products(predicted, delta))  # whole-tensor sums
+        if scored:  # on the sampled coordinates: sums over the whole sample, all ranks' parts added
+            with self.timer.part("score"):
+                pd, pp, dd = self.shards.sum(delta_dot_products(predicted, sampled))
             if not (math.isfinite(pd) and math.isfinite(pp)):
                 logger.warning(
                     "hf_hybrid: predictor %r produced a non-finite guess; reset it", self.predictor_name
                 )
                 self.counters.add("refused_updates")
-                self.predictor.reset()
+                self.watch.reset()
                 pd = pp = 0.0
             residual = Residual(
                 self.controller.steps_decided,
@@ -337,10 +348,11 @@ class HybridEngine:
                 record.loss,
                 self.last_predicted_loss,
             )
-            self.store.add(residual)
-            self.corrector.update(residual)
-        del predicted
-        self.predictor.observe(delta)
+            with self.timer.part("residuals"):
+                self.store.add(residual)
+                self.corrector.update(residual)
+        with self.timer.part("observe"):
+            self.watch.observe(sampled, whole)
         return residual
 
     def _validate_phase(self, loss: float | None) -> list[Alarm]:
@@ -359,10 +371,12 @@ class HybridEngine:
         self.phase.record_predicted(loss)
         alarms: list[Alarm] = []
         if loss is not None:
-            alarms += alarms_from_report(self.monitor.check(loss, None, self._forecast_error(loss)))
+            with self.timer.part("monitor"):
+                alarms += alarms_from_report(self.monitor.check(loss, None, self._forecast_error(loss)))
             self.last_measured_loss = loss
             if math.isfinite(loss):
-                self.losses.observe(loss, lr, None, Phase.PREDICT.index)
+                with self.timer.part("loss_forecaster"):
+                    self.losses.observe(loss, lr, None, Phase.PREDICT.index)
         if worst_level(alarms) >= DivergenceLevel.WARNING:  # the weights look bad already: apply nothing more
             return self._outcome(Phase.PREDICT, loss, False, alarms, self._recover(alarms, Phase.PREDICT))
         self.steps_since_real += 1
@@ -372,20 +386,24 @@ class HybridEngine:
             alarms.append(Alarm(DivergenceLevel.CRITICAL, failure))
             self.counters.add("refused_updates")
         elif predicted is not None:
-            scaled = {name: t * self.corrector.scale for name, t in predicted.items()}
-            result, deltas = self.guard.apply(scaled, self.config.max_delta)
+            with self.timer.part("guard"):
+                result, deltas = self.guard.apply(predicted, self.config.max_delta, self.corrector.scale)
             if result.applied:
                 self.counters.add("clipped_tensors", result.clipped_tensors)
-                self.watch.updates.shift(deltas)
+                with self.timer.part("real_update"):
+                    self.watch.shift(deltas)
                 applied = True
             else:
                 alarms.append(Alarm(DivergenceLevel.CRITICAL, result.reason))
                 self.counters.add("refused_updates")
-                self.predictor.reset()
+                self.watch.reset()
         return self._outcome(Phase.PREDICT, loss, applied, alarms, self._recover(alarms, Phase.PREDICT))
 
-    def _guess(self, steps_ahead: int) -> tuple[Deltas | None, str | None]:
-        predicted, failure = self.watch.guess(steps_ahead)
+    def _guess(self, steps_ahead: int, sampled: bool = False) -> tuple[Deltas | None, str | None]:
+        """The full-size guess a predict step applies, or (`sampled`) the one at the sample, to score."""
+        with self.timer.part("guess"):
+            ask = self.watch.sampled_guess if sampled else self.watch.guess
+            predicted, failure = ask(steps_ahead)
         if failure is not None:
             self.counters.add("predictor_errors")
         return predicted, failure
@@ -398,35 +416,37 @@ class HybridEngine:
 
     def _recover(self, alarms: list[Alarm], step_phase: Phase) -> RecoveryAction:
         """Perform the action the step's alarms call for, and log exactly that."""
-        action = self._action_for(alarms)
-        self.last_level = worst_level(alarms)
-        phase_was_open = self.phase is not None
-        if action is RecoveryAction.ROLLBACK:
-            self._restore_snapshot()
-            self._end_phase(PhaseEnd.ROLLED_BACK, 0.0)
-            self._force_full()
-        elif action is RecoveryAction.FORCE_FULL:
-            if self.phase is not None:
-                self._end_phase(PhaseEnd.ABANDONED, 0.0)
-            self._force_full()
-        elif action is RecoveryAction.SHORTEN_HORIZON:
-            self.controller.shorten()
-        if action is not RecoveryAction.CONTINUE:
-            text, notable = describe(action, alarms, self.config.schedule.full_steps, phase_was_open)
-            step = self.controller.steps_decided
-            (logger.warning if notable else logger.info)(
-                "hf_hybrid: step %d (%s): %s: %s",
-                step,
-                step_phase.value,
-                action.value,
-                text,
-                extra={"hybrid_action": action.value, "hybrid_step": step},
-            )
+        with self.timer.part("recovery"):
+            action = self._action_for(alarms)
+            self.last_level = worst_level(alarms)
+            phase_was_open = self.phase is not None
+            if action is RecoveryAction.ROLLBACK:
+                self._restore_snapshot()
+                self._end_phase(PhaseEnd.ROLLED_BACK, 0.0)
+                self._force_full()
+            elif action is RecoveryAction.FORCE_FULL:
+                if self.phase is not None:
+                    self._end_phase(PhaseEnd.ABANDONED, 0.0)
+                self._force_full()
+            elif action is RecoveryAction.SHORTEN_HORIZON:
+                self.controller.shorten()
+            if action is not RecoveryAction.CONTINUE:
+                text, notable = describe(action, alarms, self.config.schedule.full_steps, phase_was_open)
+                step = self.controller.steps_decided
+                (logger.warning if notable else logger.info)(
+                    "hf_hybrid: step %d (%s): %s: %s",
+                    step,
+                    step_phase.value,
+                    action.value,
+                    text,
+                    extra={"hybrid_action": action.value, "hybrid_step": step},
+                )
         return action
 
     def _restore_snapshot(self) -> None:
-        self.guard.restore_snapshot()
-        self.watch.updates.reset_to(self.guard.snapshot)
+        with self.timer.part("snapshot"):
+            self.guard.restore_snapshot()
+            self.watch.reset_to(self.guard.snapshot)
         self.corrector.penalize()
         self.counters.add("rollbacks")
 
@@ -441,14 +461,16 @@ class HybridEngine:
         return self.bandit.select(cap) if self.config.use_bandit else min(cap, s.max_predict_steps)
 
     def _open_phase(self) -> None:
-        self.guard.take_snapshot()
+        with self.timer.part("snapshot"):
+            self.guard.take_snapshot()
         self.meter.changed = True
         forecaster = self.losses.forecaster
         forecast = None
         if forecaster is not None and forecaster.num_observed:
             forecast = lambda: forecaster.forecast(1).mean[0]  # noqa: E731 - only run when enough losses
         full = [r.loss_actual for r in self.store.recent(REFERENCE_WINDOW, phase="full")]
-        mean, std = reference_level(forecast, full) or self.monitor.loss_stats()
+        with self.timer.part("loss_forecaster"):
+            mean, std = reference_level(forecast, full) or self.monitor.loss_stats()
         self.phase = PredictPhase(
             opened_at=self.controller.steps_decided,
             horizon=self.controller.horizon,
@@ -481,7 +503,8 @@ class HybridEngine:
         if self.probe is None:
             return None
         self.counters.add("probe_evaluations")
-        value = float(self.probe())
+        with self.timer.part("probe"):  # forwards the plain step does not run: the method's own cost
+            value = float(self.probe())
         return value if math.isfinite(value) else math.inf
 
     def _early_warmup(self) -> bool:
@@ -532,6 +555,15 @@ class HybridEngine:
             confidence = min(confidence, self.store.loss_calibration(tolerance))
         return confidence
 
+    @property
+    def seconds(self) -> float:
+        """Time charged to the hybrid machinery so far (all parts; see `timing`)."""
+        return self.timer.total
+
+    def timing(self) -> dict[str, Any]:
+        """The hybrid machinery's time against the step time, in all and by part (varies run to run)."""
+        return self.timer.summary()
+
     def compute_units(self) -> float:
         """Forward-pass units spent: 3 per real step, 1 per checked predicted step, the probe's cost."""
         return self.counters.compute_units(self.config.probe_cost)
@@ -542,7 +574,7 @@ class HybridEngine:
         return {
             **self.counters.summary(self.config.probe_cost),
             "predictor": self.predictor_name,
-            "predictor_bytes": self.predictor.nbytes(),
+            "predictor_bytes": self.watch.predictor_bytes(),
             **self.meter.stats(),
             "max_confidence": self.max_confidence,
             "confidence_threshold": self.config.schedule.confidence_threshold,
@@ -623,6 +655,7 @@ class HybridEngine:
             "last_measured_loss": self.last_measured_loss,
             "max_confidence": self.max_confidence,
             "seconds": self.seconds,
+            "timing": self.timer.state_dict(),
             "peak_memory": self.meter.state_dict(),
             **({"sharding": self.shards.describe()} if self.shards.sharded else {}),
         }
@@ -631,8 +664,13 @@ class HybridEngine:
         """A new engine that carries on a run (`hybrid_restart_engine`): the counters, the engine's own
         time and its peak bytes continue from a saved state; everything it learnt starts over."""
         self.counters.load_state_dict(state["counters"])
-        self.seconds = float(state["seconds"])
+        self._load_timing(state)
         self.meter.merge_peak(state["peak_memory"])
+
+    def _load_timing(self, state: Mapping[str, Any]) -> None:
+        """The timing carries on; a state saved before it was kept by part has none, and it restarts."""
+        if "timing" in state:
+            self.timer.load_state_dict(state["timing"])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a saved engine; refuses a state that belongs to another configuration or model."""
@@ -654,7 +692,7 @@ class HybridEngine:
         self.last_predicted_loss = state["last_predicted_loss"]
         self.last_measured_loss = state["last_measured_loss"]
         self.max_confidence = float(state["max_confidence"])
-        self.seconds = float(state["seconds"])
+        self._load_timing(state)
         self.meter.load_state_dict(state["peak_memory"])
         self.plan = None
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from .sharding import ShardGroup, local
+from .timing import PartTimer
 
 
 @dataclass(frozen=True)
@@ -34,18 +35,41 @@ def clip_to_trust_region(
     """Cap a predicted delta per element and per tensor, relative to the parameter it moves.
 
     Per element: |delta_i| <= max_delta * max(|theta_i|, rms(theta)) (the rms floor lets entries at
-    zero move, e.g. a LoRA B matrix). Per tensor: ||delta|| <= max_delta * ||theta||.
+    zero move, e.g. a LoRA B matrix). Per tensor: ||delta|| <= max_delta * ||theta||. Returns the capped
+    delta (`delta` itself when nothing was capped) and whether anything was.
     """
-    theta = param.detach().float()
-    rms = theta.pow(2).mean().sqrt()
-    element_cap = theta.abs().clamp_min(rms) * max_delta
-    clipped = torch.maximum(torch.minimum(delta, element_cap), -element_cap)
-    tensor_cap = max_delta * float(theta.norm())
-    norm = float(clipped.norm())
+    clipped, changed, _ = _clip(delta, param.detach().float(), max_delta, _peak(delta))
+    return clipped, changed
+
+
+def _peak(delta: torch.Tensor) -> float:
+    """max |delta_i| (nan or inf when a value is not finite), one pass."""
+    return float(torch.linalg.vector_norm(delta, ord=math.inf)) if delta.numel() else 0.0
+
+
+def _clip(
+    delta: torch.Tensor, theta: torch.Tensor, max_delta: float, peak: float
+) -> tuple[torch.Tensor, bool, float]:
+    """`clip_to_trust_region` given theta in fp32 and `_peak(delta)`; also returns ||theta||.
+
+    Every element cap is at least max_delta * rms(theta) (computed in fp32, as the caps are), so a delta
+    whose largest element is under it passes the element caps unchanged: the three element-wise passes
+    that compute and apply the caps are skipped (predicted updates are usually far below the caps).
+    """
+    theta_norm = float(torch.linalg.vector_norm(theta)) if theta.numel() else 0.0
+    rms = theta_norm / math.sqrt(max(theta.numel(), 1))
+    floor = float(torch.tensor(rms, dtype=torch.float32) * max_delta)
+    clipped = delta
+    if not peak <= floor:  # some element may exceed its cap (or a value is not finite)
+        cap = theta.abs().clamp_min_(rms).mul_(max_delta)
+        clipped = torch.minimum(delta, cap)
+        torch.maximum(clipped, cap.neg_(), out=clipped)
+    tensor_cap = max_delta * theta_norm
+    norm = float(torch.linalg.vector_norm(clipped)) if clipped.numel() else 0.0
     if norm > tensor_cap > 0:
         clipped = clipped * (tensor_cap / norm)
-    changed = not torch.equal(clipped, delta)
-    return clipped, changed
+    changed = clipped is not delta and not torch.equal(clipped, delta)
+    return clipped, changed, theta_norm
 
 
 class ParameterGuard:
@@ -56,11 +80,14 @@ class ParameterGuard:
         params: Mapping[str, torch.Tensor],
         snapshot_device: str = "same",
         shards: ShardGroup | None = None,
+        timer: PartTimer | None = None,
     ) -> None:
+        """`timer`: the engine's, where the trust region's clipping is charged apart from the rest."""
         if snapshot_device not in ("same", "cpu"):
             raise ValueError(f"`snapshot_device` must be 'same' or 'cpu', got {snapshot_device!r}")
         self.params = dict(params)
         self.shards = shards or ShardGroup()
+        self.timer = timer or PartTimer()
         self.snapshot_device = snapshot_device
         self.snapshot: dict[str, torch.Tensor] = {}
         self.compensation: dict[str, torch.Tensor] = {}
@@ -95,9 +122,9 @@ class ParameterGuard:
 
     @torch.no_grad()
     def apply(
-        self, deltas: Mapping[str, torch.Tensor], max_delta: float
+        self, deltas: Mapping[str, torch.Tensor], max_delta: float, scale: float = 1.0
     ) -> tuple[ApplyResult, dict[str, torch.Tensor]]:
-        """Apply predicted deltas within the trust region, or nothing at all.
+        """Apply predicted deltas, times `scale`, within the trust region, or nothing at all.
 
         Returns the result and the deltas actually applied (after clipping), for the residuals.
         """
@@ -105,7 +132,7 @@ class ParameterGuard:
         if unknown:
             return ApplyResult(False, reason=f"delta for unknown parameters {sorted(unknown)[:3]}"), {}
         if self.shards.sharded:
-            return self._apply_sharded(deltas, max_delta)
+            return self._apply_sharded(deltas, max_delta, scale)
         clipped_count = 0
         final: dict[str, torch.Tensor] = {}
         for name, delta in deltas.items():
@@ -114,24 +141,37 @@ class ParameterGuard:
                 return ApplyResult(
                     False, reason=f"delta shape {tuple(delta.shape)} != {tuple(p.shape)} for {name}"
                 ), {}
-            delta = delta.to(device=p.device, dtype=torch.float32)
-            if not bool(torch.isfinite(delta).all()):
+            delta = delta.to(device=p.device, dtype=torch.float32) * scale
+            peak = _peak(delta)
+            if not math.isfinite(peak):
                 return ApplyResult(False, reason=f"non-finite predicted delta for {name}"), {}
-            delta, clipped = clip_to_trust_region(delta, p, max_delta)
+            with self.timer.part("trust_region"):
+                delta, clipped, theta_norm = _clip(delta, p.detach().float(), max_delta, peak)
             clipped_count += int(clipped)
-            if not bool(torch.isfinite(self._target(name, p, delta).to(p.dtype)).all()):
+            if not self._stays_finite(name, p, delta, theta_norm):
                 return ApplyResult(False, reason=f"update would make {name} non-finite"), {}
             final[name] = delta
         for name, delta in final.items():
             p = self.params[name]
+            if p.dtype == torch.float32:  # no rounding to carry: the fp32 target, written in place
+                p.add_(delta)
+                continue
             target = self._target(name, p, delta)
             p.copy_(target)
-            if p.dtype != torch.float32:
-                self.compensation[name] = target - p.float()
+            self.compensation[name] = target - p.float()
         return ApplyResult(True, clipped_tensors=clipped_count), final
 
+    def _stays_finite(self, name: str, p: torch.Tensor, delta: torch.Tensor, theta_norm: float) -> bool:
+        """Would writing `delta` keep `p` finite? A clipped delta moves no element by more than
+        max_delta (<= 1) * max(|theta_i|, rms(theta)) <= ||theta||, so every target is within
+        2 ||theta|| (plus a carried rounding error): far below the dtype's largest value that settles it
+        without a pass over the tensor; near it, or with theta not finite, the targets are checked."""
+        if math.isfinite(theta_norm) and 4.0 * theta_norm < torch.finfo(p.dtype).max:
+            return True
+        return bool(torch.isfinite(self._target(name, p, delta).to(p.dtype)).all())
+
     def _apply_sharded(
-        self, deltas: Mapping[str, torch.Tensor], max_delta: float
+        self, deltas: Mapping[str, torch.Tensor], max_delta: float, scale: float
     ) -> tuple[ApplyResult, dict[str, torch.Tensor]]:
         """`apply` on this rank's shards, with `clip_to_trust_region`'s caps taken over whole tensors.
 
@@ -144,7 +184,7 @@ class ParameterGuard:
         theta = {name: shards[name].detach().float() for name in names}
         wrong = {name: deltas[name].shape != shards[name].shape for name in names}
         delta = {
-            name: deltas[name].to(device=theta[name].device, dtype=torch.float32)
+            name: deltas[name].to(device=theta[name].device, dtype=torch.float32) * scale
             for name in names
             if not wrong[name]
         }
@@ -161,14 +201,14 @@ class ParameterGuard:
             if bad_value:
                 return ApplyResult(False, reason=f"non-finite predicted delta for {name}"), {}
         clipped: dict[str, torch.Tensor] = {}
-        for name, sq in zip(names, theta_sq, strict=True):
-            rms = math.sqrt(sq / max(self.params[name].numel(), 1))
-            cap = theta[name].abs().clamp_min(rms) * max_delta
-            clipped[name] = torch.maximum(torch.minimum(delta[name], cap), -cap)
-        stage = self.shards.sum(
-            [clipped[n].pow(2).sum() for n in names]
-            + [float(not torch.equal(clipped[n], delta[n])) for n in names]
-        )
+        with self.timer.part("trust_region"):
+            for name, sq in zip(names, theta_sq, strict=True):
+                rms = math.sqrt(sq / max(self.params[name].numel(), 1))
+                cap = theta[name].abs().clamp_min(rms) * max_delta
+                clipped[name] = torch.maximum(torch.minimum(delta[name], cap), -cap)
+            sums = [clipped[n].pow(2).sum() for n in names]
+            sums += [float(not torch.equal(clipped[n], delta[n])) for n in names]
+        stage = self.shards.sum(sums)
         clipped_count = 0
         for name, sq, theta_sq_n, changed in zip(names, stage[:k], theta_sq, stage[k:], strict=True):
             norm, tensor_cap = math.sqrt(sq), max_delta * math.sqrt(theta_sq_n)

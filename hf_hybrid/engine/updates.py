@@ -1,11 +1,15 @@
 """The real update of the trainable parameters: what the optimizer did since the engine last looked.
 
 The tracker keeps an fp32 copy of the parameters as they were at the last observation (with a
-`CoordinateSample`, of the sampled coordinates only: what the sleeping engine keeps). `take()` returns
-the update per step since then (averaged over the real steps it was not asked about, which is how the
+`CoordinateSample`, of the sampled coordinates only: what the engine scores on). `take()` returns the
+update per step since then (averaged over the real steps it was not asked about, which is how the
 dormant engine observes only every n-th step) and refreshes the copy. Predicted updates and rollbacks
 move the copy too (`shift`, `reset_to`), so they never count as something the optimizer did.
 With sharded parameters everything here is per shard: the copy is of this rank's shard (`local`).
+
+It runs on every observed step, so it works on all tensors at once: the sampled copy is one flat buffer
+(`last` holds views of it), so a step is three tensor operations however many parameters there are;
+the full-size copy is updated with `torch._foreach_*` calls over all tensors.
 """
 
 from __future__ import annotations
@@ -24,12 +28,23 @@ class RealUpdateTracker:
     def __init__(self, params: Mapping[str, torch.Tensor], sample: CoordinateSample | None = None) -> None:
         self.params = dict(params)
         self.sample = sample
-        self.last = {name: self._view(name, p).float().clone() for name, p in self.params.items()}
         self.unobserved_steps = 0  # real steps since the last take() that were not observed
+        if sample is None:
+            self.last = {name: self._view(name, p).float().clone() for name, p in self.params.items()}
+            return
+        self._counts = [sample.count(name) for name in self.params]
+        self._flat = self._current()
+        self.last = dict(zip(self.params, self._flat.split(self._counts), strict=True))
 
     def _view(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
         tensor = local(tensor)
         return tensor.detach() if self.sample is None else self.sample.gather(name, tensor)
+
+    def _current(self) -> torch.Tensor:
+        """The sampled coordinates of all parameters now, in one flat fp32 tensor (on the device of the
+        first: a model split over devices is gathered onto one)."""
+        device = local(next(iter(self.params.values()))).device
+        return torch.cat([self._view(name, p).to(device, torch.float32) for name, p in self.params.items()])
 
     def skip(self) -> None:
         """A real step happened and nobody looked: the next `take()` averages over it."""
@@ -39,30 +54,40 @@ class RealUpdateTracker:
     def take(self) -> Deltas:
         """Real update per step since the last `take()` (fp32), and remember the current parameters."""
         steps = self.unobserved_steps + 1
-        delta = {}
-        for name, p in self.params.items():
-            current = self._view(name, p).float()
-            delta[name] = current - self.last[name]
-            if steps > 1:
-                delta[name].div_(steps)
-            self.last[name].copy_(current)
         self.unobserved_steps = 0
-        return delta
+        if self.sample is not None:
+            current = self._current()
+            delta = current - self._flat
+            if steps > 1:
+                delta.div_(steps)
+            self._flat.copy_(current)
+            return dict(zip(self.params, delta.split(self._counts), strict=True))
+        names = list(self.params)
+        current = [self._view(name, self.params[name]).float() for name in names]
+        last = [self.last[name] for name in names]
+        delta = torch._foreach_sub(current, last)
+        if steps > 1:
+            torch._foreach_div_(delta, steps)
+        torch._foreach_copy_(last, current)
+        return dict(zip(names, delta, strict=True))
 
     @torch.no_grad()
     def shift(self, applied: Mapping[str, torch.Tensor]) -> None:
         """A predicted update was written: it is not part of the next real update."""
         for name, delta in applied.items():
-            self.last[name].add_(self._view(name, delta))
+            buf = self.last[name]
+            buf.add_(self._view(name, delta).to(buf.device))
 
     @torch.no_grad()
     def reset_to(self, snapshot: Mapping[str, torch.Tensor]) -> None:
         """The parameters were rolled back to `snapshot`."""
         for name, buf in self.last.items():
-            buf.copy_(self._view(name, snapshot[name]))
+            buf.copy_(self._view(name, snapshot[name]))  # copy_ moves across devices itself
 
     def state_dict(self) -> dict[str, Any]:
-        return {"last": dict(self.last), "unobserved_steps": self.unobserved_steps}
+        """Copies of the sampled buffers (views of one flat tensor, which safetensors would refuse)."""
+        last = self.last if self.sample is None else {name: t.clone() for name, t in self.last.items()}
+        return {"last": dict(last), "unobserved_steps": self.unobserved_steps}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for name, buf in self.last.items():

@@ -1,11 +1,19 @@
 """What the engine watches of the optimizer's work: the real update of each observed step, and the
 predictor's guess of it.
 
-Awake, both cover the whole trainable parameters. Asleep — while the guesses are far from useful — they
-cover only a seeded sample of the coordinates (`CoordinateSample`): the skill of a guess is a ratio of
-sums over coordinates, so the sample estimates it, and the engine keeps no full-size buffer. Switching
-rebuilds the tracker and the predictor for the new extent (a predictor starts over: its history was of
-the other extent). With sharded parameters both cover this rank's shard (or its part of the sample).
+Scoring — the skill of a guess against the real update of the same step — always runs on a seeded
+sample of the coordinates (`CoordinateSample`): the skill is a ratio of sums over coordinates, so the
+sample estimates it (within 0.01–0.02 of the whole skill on the benchmark tasks, 0.11 at worst:
+`benchmarks/experiments/sampled_skill.py`), at a cost that does not grow with the model. A predictor
+whose guess for a coordinate uses only that coordinate's history (`supports_sharding`, for the same
+reason) gets a twin on the sample, the `scorer`, which guesses there what the full-size one guesses (up
+to rounding); for any other the full-size guess is gathered at the sample.
+
+Asleep — while the guesses are far from useful — the sampled tracker and the scorer are all the watch
+keeps: no full-size buffer. Awake it adds the full-size predictor, whose guesses the PREDICT steps
+apply, and, for a predictor that learns from the real updates (`needs_deltas`), the full-size tracker
+that feeds it. Waking starts both predictors over together, so the scorer's guesses are the full one's;
+with sharded parameters everything here covers this rank's shard (or its part of the sample).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 
 class UpdateWatch:
-    """The real-update tracker and the predictor, on the parameters or on their sample.
+    """The real-update trackers and the predictors, on the sample and, awake, on the parameters.
 
     A predictor passed as an instance cannot be rebuilt for the sample, and one whose class sets
     `supports_sampling = False` needs the full shapes: with either, the watch never sleeps.
@@ -45,73 +53,177 @@ class UpdateWatch:
         self.params = dict(params)
         self.optimizer = optimizer
         self.shards = shards or ShardGroup()
+        self.instance = predictor
         self.predictor_name = predictor.name if predictor is not None else predictor_name
         self.predictor_kwargs = dict(predictor_kwargs)
         ranges = {n: self.shards.flat_range(p) for n, p in self.params.items()}
         self.sample = CoordinateSample({n: p.shape for n, p in self.params.items()}, seed, ranges=ranges)
-        self.can_sleep = may_sleep and predictor is None and predictor_class(predictor_name).supports_sampling
-        self.awake = not self.can_sleep
-        self.predictor = predictor or self._build_predictor()
-        if self.shards.sharded and not type(self.predictor).supports_sharding:
+        cls = type(predictor) if predictor is not None else predictor_class(predictor_name)
+        self.can_sleep = may_sleep and predictor is None and cls.supports_sampling
+        self.has_twin = predictor is None and cls.supports_sampling and cls.supports_sharding
+        if self.shards.sharded and not cls.supports_sharding:
             raise ValueError(
                 f"predictor {self.predictor_name!r} mixes the coordinates of a tensor and cannot run on "
                 "sharded parameters (FSDP); use one that sets `supports_sharding`, e.g. 'ema' or 'adam'"
             )
-        self.updates = RealUpdateTracker(self.params, None if self.awake else self.sample)
+        self.sampled_updates = RealUpdateTracker(self.params, self.sample)
+        self.awake = False
+        self.scorer: DeltaPredictor | None = None
+        self.updates: RealUpdateTracker | None = None  # awake, for a predictor that needs the updates
+        self._full: DeltaPredictor | None = None
+        self.set_awake(not self.can_sleep)
 
-    def _build_predictor(self) -> DeltaPredictor:
+    @property
+    def predictor(self) -> DeltaPredictor:
+        """The predictor whose guesses a PREDICT step would apply (asleep: the sampled one)."""
+        return self._full if self.awake else self.scorer
+
+    def _build(self, sample: CoordinateSample | None) -> DeltaPredictor:
         return build_predictor(
             self.predictor_name,
             params=self.params,
             optimizer=self.optimizer,
-            sample=None if self.awake else self.sample,
+            sample=sample,
             **self.predictor_kwargs,
         )
 
     def set_awake(self, awake: bool) -> None:
-        """Rebuild the tracker (from the parameters as they are now) and the predictor for the new extent."""
+        """Build the predictors (and the full-size tracker, from the parameters as they are now) for the
+        new state. Waking starts the predictors over; falling asleep keeps the scorer's history."""
         self.awake = awake
-        self.updates = RealUpdateTracker(self.params, None if awake else self.sample)
-        self.predictor = self._build_predictor()
+        if not awake:
+            self.updates, self._full = None, None
+            self.scorer = self.scorer or self._build(self.sample)
+            return
+        self._full = self.instance or self._build(None)
+        self.scorer = self._build(self.sample) if self.has_twin else None
+        self.updates = RealUpdateTracker(self.params) if self._full.needs_deltas else None
 
-    def shapes(self) -> dict[str, tuple[int, ...]]:
+    def _shapes(self, sampled: bool) -> dict[str, tuple[int, ...]]:
         """What a guess must look like: the parameters' (local) shapes, or the sampled coordinates' counts."""
-        if self.awake:
-            return {name: tuple(local(p).shape) for name, p in self.params.items()}
-        return {name: (self.sample.count(name),) for name in self.params}
+        if sampled:
+            return {name: (self.sample.count(name),) for name in self.params}
+        return {name: tuple(local(p).shape) for name, p in self.params.items()}
 
     def guess(self, steps_ahead: int) -> tuple[Deltas | None, str | None]:
+        """The full-size guess a PREDICT step applies: (guess, None), or (None, why) — see `_ask`."""
+        return self._ask(self.predictor, steps_ahead, sampled=not self.awake)
+
+    def sampled_guess(self, steps_ahead: int) -> tuple[Deltas | None, str | None]:
+        """The guess at the sampled coordinates, for scoring: the scorer's, or the full-size guess
+        gathered there."""
+        if self.scorer is not None:
+            return self._ask(self.scorer, steps_ahead, sampled=True)
+        predicted, failure = self._ask(self._full, steps_ahead, sampled=False)
+        if predicted is not None:
+            predicted = {name: self.sample.gather(name, t) for name, t in predicted.items()}
+        return predicted, failure
+
+    def _ask(
+        self, predictor: DeltaPredictor, steps_ahead: int, sampled: bool
+    ) -> tuple[Deltas | None, str | None]:
         """(guess, None), or (None, why) for a predictor that raised or returned a tensor of another
-        shape than it should (which would crash or silently broadcast); such a predictor is reset.
+        shape than it should (which would crash or silently broadcast); the predictors are then reset.
         Sharded, a failure on any rank is a failure on all (one all-reduce), so all take the same path."""
         failure = None
         try:
-            predicted = self.predictor.predict(steps_ahead)
-            _check_guess(predicted, self.shapes())
+            predicted = predictor.predict(steps_ahead)
+            _check_guess(predicted, self._shapes(sampled))
         except Exception as exc:  # noqa: BLE001 - any predictor failure must end in a safe fallback
             logger.warning("hf_hybrid: predictor %r failed (%r); reset it", self.predictor_name, exc)
             predicted, failure = None, f"the predictor failed ({type(exc).__name__})"
         if self.shards.any(failure is not None) and failure is None:
             predicted, failure = None, "the predictor failed on another rank"
         if failure is not None:
-            self.predictor.reset()
+            self.reset()
         return predicted, failure
 
+    def reset(self) -> None:
+        """Forget what the predictors learnt (their output was refused, or they raised)."""
+        for predictor in self._predictors():
+            predictor.reset()
+
+    def _predictors(self) -> list[DeltaPredictor]:
+        """The scorer and the full-size predictor, each once (asleep: the scorer alone)."""
+        return [p for p in (self.scorer, self._full) if p is not None]
+
+    # ---- the real updates --------------------------------------------------------------------------
+
+    def skip(self) -> None:
+        """A real step nobody looked at: the next `take()` averages over it."""
+        for tracker in self._trackers():
+            tracker.skip()
+
+    def take(self) -> tuple[Deltas, Deltas | None]:
+        """The real update per step since the last look: at the sample, and whole where it is needed."""
+        return self.sampled_updates.take(), None if self.updates is None else self.updates.take()
+
+    def observe(self, sampled: Deltas, whole: Deltas | None) -> None:
+        """The predictors learn from one real update (one that does not read them gets none)."""
+        if self.scorer is not None:
+            self.scorer.observe(sampled)
+        if self.awake:
+            self._full.observe(whole if whole is not None else {})
+
+    def shift(self, applied: Mapping[str, torch.Tensor]) -> None:
+        """A predicted update was written: it is not part of the next real update."""
+        for tracker in self._trackers():
+            tracker.shift(applied)
+
+    def reset_to(self, snapshot: Mapping[str, torch.Tensor]) -> None:
+        """The parameters were rolled back to `snapshot`."""
+        for tracker in self._trackers():
+            tracker.reset_to(snapshot)
+
+    def _trackers(self) -> list[RealUpdateTracker]:
+        return [self.sampled_updates] + ([] if self.updates is None else [self.updates])
+
+    # ---- memory and checkpoints --------------------------------------------------------------------
+
+    def predictor_bytes(self) -> int:
+        return sum(p.nbytes() for p in self._predictors())
+
     def tensors(self) -> list[torch.Tensor]:
-        return [*self.updates.last.values(), *self.predictor.tensors().values()]
+        return [
+            *(t for tracker in self._trackers() for t in tracker.last.values()),
+            *(t for p in self._predictors() for t in p.tensors().values()),
+        ]
 
     def state_dict(self) -> dict[str, Any]:
+        """`updates`/`predictor`: the acting tracker and predictor (asleep: the sampled ones); awake, the
+        sampled tracker and the scorer beside them."""
+        if not self.awake:
+            return {
+                "awake": False,
+                "updates": self.sampled_updates.state_dict(),
+                "predictor": self.scorer.state_dict(),
+            }
         return {
-            "awake": self.awake,
-            "updates": self.updates.state_dict(),
-            "predictor": self.predictor.state_dict(),
+            "awake": True,
+            "updates": None if self.updates is None else self.updates.state_dict(),
+            "predictor": self._full.state_dict(),
+            "sampled_updates": self.sampled_updates.state_dict(),
+            "scorer": None if self.scorer is None else self.scorer.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if bool(state["awake"]) != self.awake:  # the saved extent first, then its contents
-            self.set_awake(bool(state["awake"]))
-        self.updates.load_state_dict(state["updates"])
-        self.predictor.load_state_dict(state["predictor"])
+        """Restore the saved state: its wakefulness first, then its contents. An awake state saved before
+        scoring moved to the sample (no `sampled_updates`) keeps the full-size part; the sampled part
+        starts from the parameters as they are, with a scorer that starts over."""
+        self.set_awake(bool(state["awake"]))
+        if not self.awake:
+            self.sampled_updates.load_state_dict(state["updates"])
+            self.scorer.load_state_dict(state["predictor"])
+            return
+        if self.updates is not None:
+            self.updates.load_state_dict(state["updates"])
+        self._full.load_state_dict(state["predictor"])
+        if "sampled_updates" in state:
+            self.sampled_updates.load_state_dict(state["sampled_updates"])
+            if self.scorer is not None:
+                self.scorer.load_state_dict(state["scorer"])
+        else:
+            self.sampled_updates = RealUpdateTracker(self.params, self.sample)
 
 
 def _check_guess(predicted: Mapping[str, torch.Tensor] | None, shapes: Mapping[str, tuple[int, ...]]) -> None:

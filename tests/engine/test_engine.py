@@ -203,7 +203,10 @@ class TestFullRun:
         assert stats["predict_phases"] >= 2
         assert 0.0 < stats["backward_skipped_fraction"] < 1.0
         assert 0.0 < stats["compute_saved_fraction"] < stats["backward_skipped_fraction"]
-        assert stats["predictor_bytes"] == full_run.engine.predictor.nbytes() > 0
+        # the full-size predictor and its twin on the sample, which scores the guesses
+        watch = full_run.engine.watch
+        assert stats["predictor_bytes"] == watch.predictor.nbytes() + watch.scorer.nbytes()
+        assert watch.predictor.nbytes() > watch.scorer.nbytes() > 0
 
     def test_phase_sequence_is_a_valid_cycle(self, full_run: Loop) -> None:
         phases = full_run.phases()
@@ -490,15 +493,16 @@ class TestFaultyPredictors:
     def test_raising_in_real_step_is_harmless(self) -> None:
         loop = Loop(_config(predictor="test-raising"))
         loop.run(12)
-        predictor = loop.engine.predictor
-        assert isinstance(predictor, _FaultyPredictor)
-        predictor.armed = True
+        scorer = loop.engine.watch.scorer  # a real step's guess is asked of the twin on the sample
+        assert isinstance(scorer, _FaultyPredictor)
+        scorer.armed = True
         record = loop.step()
-        predictor.armed = False
+        scorer.armed = False
         assert record.plan.phase is Phase.FULL
         assert record.optimizer_calls == 1 and record.outcome.applied_update
         assert loop.engine.stats()["predictor_errors"] == 1
-        assert predictor.observed == 1  # reset, then observed this step's real update
+        # both predictors reset, then observed this step's real update
+        assert scorer.observed == loop.engine.predictor.observed == 1
 
     def test_huge_deltas_are_held_to_the_trust_region(self) -> None:
         loop = Loop(_config(predictor="test-huge", check_every=0))

@@ -29,7 +29,38 @@ def _assert_bitwise(params: dict[str, torch.Tensor], expected: dict[str, torch.T
         assert torch.equal(p.detach(), expected[name]), name
 
 
+def _clip_every_element(delta: torch.Tensor, theta: torch.Tensor, max_delta: float) -> torch.Tensor:
+    """The element caps applied to every element, without the shortcut for deltas under all of them."""
+    rms = float(torch.linalg.vector_norm(theta)) / math.sqrt(theta.numel())
+    cap = theta.abs().clamp_min(rms) * max_delta
+    clipped = torch.maximum(torch.minimum(delta, cap), -cap)
+    norm, tensor_cap = float(clipped.norm()), max_delta * float(theta.norm())
+    return clipped * (tensor_cap / norm) if norm > tensor_cap > 0 else clipped
+
+
 class TestTrustRegion:
+    @pytest.mark.parametrize("scale", [1e-6, 1e-3, 0.049, 0.05, 0.051, 0.5, 10.0])
+    def test_the_shortcut_under_every_cap_gives_what_capping_every_element_gives(self, scale: float) -> None:
+        gen = torch.Generator().manual_seed(1)
+        theta = torch.randn(64, 32, generator=gen)
+        rms = float(torch.linalg.vector_norm(theta)) / math.sqrt(theta.numel())
+        delta = torch.randn(64, 32, generator=gen)
+        delta *= scale * rms / float(delta.abs().max())  # the largest element at `scale` * rms
+        clipped, changed = clip_to_trust_region(delta, theta, 0.05)
+        expected = _clip_every_element(delta, theta, 0.05)
+        assert torch.equal(clipped, expected)
+        assert changed == (not torch.equal(expected, delta))
+        assert changed == (scale > 0.05)
+
+    def test_a_delta_exactly_at_the_smallest_cap_is_untouched(self) -> None:
+        theta = torch.tensor([4.0, 0.0, 0.0, 0.0])
+        floor = torch.tensor(2.0) * 0.05  # max_delta * rms, in fp32 as the caps are computed
+        delta = torch.tensor([0.0, float(floor), -float(floor), 0.0])
+        clipped, changed = clip_to_trust_region(delta, theta, 0.05)
+        assert clipped is delta and not changed
+        bigger = torch.nextafter(delta, torch.full_like(delta, 1.0))
+        assert clip_to_trust_region(bigger, theta, 0.05)[1]
+
     def test_small_delta_untouched(self) -> None:
         theta = torch.tensor([1.0, -2.0, 0.5, 3.0])
         delta = torch.tensor([0.01, -0.01, 0.002, 0.0])

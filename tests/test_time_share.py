@@ -1,0 +1,62 @@
+"""The share of the step time that `hybrid_stats()` reports covers what the hybrid trainer adds — its
+hooks included, not only the engine's methods — and fits inside a process-time measurement of the same
+run. Only CPU-time relations are asserted, never a speed."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from helpers import hybrid_trainer
+from transformers import TrainerCallback
+
+
+class _StepClock(TrainerCallback):
+    """Process time of each optimizer step as the Trainer sees it (step begin to step end)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.began = 0.0
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.began = time.process_time()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.seconds += time.process_time() - self.began
+
+
+def _burn(seconds: float) -> float:
+    """Spend `seconds` of this process's CPU time; return what was spent, on the same clock."""
+    start = time.process_time()
+    while time.process_time() - start < seconds:
+        pass
+    return time.process_time() - start
+
+
+def test_the_share_covers_the_trainer_hooks_and_fits_the_process_time(tmp_path):
+    trainer = hybrid_trainer(tmp_path, max_steps=30)  # threshold 0: awake, predict phases open
+    steps = _StepClock()
+    trainer.add_callback(steps)
+    burnt: list[float] = []
+    step_plan = trainer._step_plan
+
+    def slow_step_plan() -> Any:  # work inside a trainer-side hook is the hybrid trainer's cost
+        burnt.append(_burn(0.002))
+        return step_plan()
+
+    trainer._step_plan = slow_step_plan
+    started = time.process_time()
+    trainer.train()
+    total = time.process_time() - started
+
+    stats = trainer.hybrid_stats()
+    timing, parts = stats["timing"], stats["timing"]["part_seconds"]
+    assert stats["steps_per_phase"]["predict"] > 0 and stats["predict_checked"] > 0
+    assert 0 < timing["engine_seconds"] <= total
+    assert 0 < timing["step_seconds"] <= steps.seconds <= total
+    assert parts["trainer"] >= sum(burnt) > 0
+    assert parts["optimizer_wrapper"] > 0 and parts["decide"] > 0 and parts["score"] > 0
+    assert timing["engine_seconds"] == pytest.approx(sum(parts.values()))
+    assert timing["engine_time_share"] == pytest.approx(timing["engine_seconds"] / timing["step_seconds"])
+    assert timing["parts"]["trainer"] == pytest.approx(parts["trainer"] / timing["step_seconds"])
