@@ -20,6 +20,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -27,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
-from hf_hybrid.checkpoint import HYBRID_STATE_FILE, HybridCheckpointError, read_engine_entry
+from hf_hybrid.checkpoint import HYBRID_STATE_FILE, HybridCheckpointError
 
 pytestmark = pytest.mark.distributed
 
@@ -38,7 +40,13 @@ SCRIPT = ROOT / "tests" / "scripts" / "fsdp2_trainer_run.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 REL_TOL = 1e-5
 GRAD_NORM_TOL = 1e-4
-WEIGHT_TOL = 1e-4  # absolute, on weights of order 0.02-1 after 40 AdamW steps (measured max diff ~1e-6)
+# Gathered weights against the one-process run, absolute, on weights of order 0.02-1 after 40 AdamW steps:
+# measured at most 1.7e-6 (full model) and 1.6e-7 (LoRA adapters). The attention's key bias is apart: its
+# gradient is zero in exact arithmetic (adding q.b_k to every score of a query leaves the softmax as it
+# is), so it receives only rounding noise, which Adam normalises into lr-sized steps: measured 4.6e-5.
+WEIGHT_TOL = 5e-6
+KEY_BIAS_TOL = 2e-4
+LORA_WEIGHT_TOL = 1e-6
 
 
 def _start(cmd: list[str], out: Path, *extra: str) -> subprocess.Popen:
@@ -139,8 +147,15 @@ def test_gathered_weights_are_equal_across_ranks_and_match_one_process(runs):
     sharded = load_file(str(runs["dir"] / "run_weights.safetensors"))
     single = load_file(str(runs["single_dir"] / "run_weights.safetensors"))
     assert sharded.keys() == single.keys()
-    worst = max(float((sharded[n] - single[n]).abs().max()) for n in single)
-    assert worst <= WEIGHT_TOL
+    gaps = {n: (sharded[n] - single[n]).abs() for n in single}
+    width = single["transformer.wte.weight"].shape[1]
+    key_bias = {n: gap[width : 2 * width] for n, gap in gaps.items() if n.endswith("attn.c_attn.bias")}
+    assert len(key_bias) == 2  # (q, k, v) biases of the two blocks
+    for name in key_bias:
+        gaps[name] = torch.cat([gaps[name][:width], gaps[name][2 * width :]])
+    worst = max(float(gap.max()) for gap in gaps.values())
+    assert worst <= WEIGHT_TOL, worst
+    assert max(float(gap.max()) for gap in key_bias.values()) <= KEY_BIAS_TOL
 
 
 def test_every_rank_writes_its_own_checksummed_hybrid_state(runs):
@@ -187,12 +202,8 @@ def _script_module() -> Any:
     return module
 
 
-def test_another_world_size_is_refused_unless_the_engine_restarts(runs, tmp_path):
-    """The 2-rank checkpoint in one process: refused before any weight is loaded, naming both sizes.
-
-    With `hybrid_restart_engine=True` the hybrid check lets it through and a new engine takes the
-    counters from the per-rank files. (The full resume needs FSDP on the new world size too: the
-    Trainer itself refuses an FSDP checkpoint in a run without FSDP.)"""
+def test_another_world_size_is_refused_in_one_process(runs, tmp_path):
+    """The 2-rank checkpoint in one process: refused before any weight is loaded, naming both sizes."""
     module = _script_module()
     step = runs["ranks"][0]["saved_at"]["mid_predict"]
     checkpoint = str(runs["dir"] / "run" / f"checkpoint-{step}")
@@ -203,14 +214,42 @@ def test_another_world_size_is_refused_unless_the_engine_restarts(runs, tmp_path
     ):
         trainer.train(resume_from_checkpoint=checkpoint)
     assert trainer.state.global_step == 0
-    trainer = module.trainer_for(opts, str(tmp_path / "restarted"), hybrid_restart_engine=True)
-    trainer._check_resumable(checkpoint)  # no refusal with the escape
-    trainer.train()  # one step: an engine to restart
-    trainer._restart_engine(checkpoint, read_engine_entry(checkpoint))
-    saved = Counter(runs["ranks"][0]["phases"][:step])
-    assert trainer.hybrid_stats()["steps_per_phase"] == {
-        p: saved[p] for p in ("warmup", "full", "predict", "correct")
-    }
+
+
+def test_another_world_size_is_refused_unless_the_engine_restarts(runs, tmp_path):
+    """The 2-rank checkpoint on three FSDP2 ranks, through `train(resume_from_checkpoint=...)`: refused
+    before any forward; with `hybrid_restart_engine=True` it resumes, every rank's new engine sharded over
+    three, with the counters of the saved run, and trains on with a new warmup.
+
+    (Three ranks, not one: the Trainer itself refuses an FSDP checkpoint in a run without FSDP, and the
+    CPU shim forces FSDP2 on several gloo processes only.)"""
+    run0 = runs["ranks"][0]
+    step = run0["saved_at"]["mid_predict"]
+    checkpoint = runs["dir"] / "run" / f"checkpoint-{step}"
+    steps = step + 3
+    extra = ["--fsdp", "--batch", "4", "--scenarios", "restart", "--steps", str(steps)]
+    three_ranks = [*TORCHRUN[:-1], "3"]
+    log = _finish(_start(three_ranks, tmp_path, *extra, "--restart-from", str(checkpoint)), tmp_path)
+    results = [_load(tmp_path, "restart", r) for r in (0, 1, 2)]
+    for rank, result in enumerate(results):
+        assert (result["rank"], result["world_size"], result["engine_world_size"]) == (rank, 3, 3)
+        assert result["sharded"]
+        refused = result["refused"]
+        assert re.search(r"world size of 2.*world size of 3.*hybrid_restart_engine=True", refused["message"])
+        assert refused["forwards"] == refused["steps"] == 0
+        assert result["global_step"] == steps and result["steps_run"] == 3
+        saved = run0["phases"][:step]
+        assert result["phases"] == [*saved, "warmup", "warmup", "warmup"]  # the timeline carries on
+        counted = Counter(result["phases"])
+        assert result["stats"]["steps_per_phase"] == {
+            p: counted[p] for p in ("warmup", "full", "predict", "correct")
+        }
+    # the same counters on every rank (bytes differ: 3 ranks shard the rows unevenly)
+    per_rank = [{k: v for k, v in r["stats"].items() if "bytes" not in k} for r in results]
+    assert per_rank[0] == per_rank[1] == per_rank[2]
+    assert results[0]["losses"] == results[1]["losses"] == results[2]["losses"]
+    assert log.count("hybrid_restart_engine=True: a new engine from") == 3  # once per rank
+    assert log.count("the counters, the engine's time and peak bytes, and the phase timeline carry on") == 3
 
 
 def test_lora_adapters_under_fsdp2_predict_like_one_process(tmp_path):
@@ -236,4 +275,4 @@ def test_lora_adapters_under_fsdp2_predict_like_one_process(tmp_path):
     alone_weights = load_file(str(single / "run_weights.safetensors"))
     adapters = [name for name in alone_weights if "lora_" in name]
     assert adapters and gathered.keys() == alone_weights.keys()
-    assert max(float((gathered[n] - alone_weights[n]).abs().max()) for n in adapters) <= WEIGHT_TOL
+    assert max(float((gathered[n] - alone_weights[n]).abs().max()) for n in adapters) <= LORA_WEIGHT_TOL

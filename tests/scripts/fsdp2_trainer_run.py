@@ -18,6 +18,9 @@ the expensive part), each writing DIR/<scenario>_rank{R}.json:
 - `resume` (with `--fsdp`): a new trainer resumed from that checkpoint to step 40;
 - `faults` (with `--fsdp`): a predicted update that is NaN on rank 1's shards only, in the first predict
   step: what the engine did on each rank, and whether the weights moved.
+- `restart` (with `--fsdp` and `--restart-from CHECKPOINT`, launched on another number of ranks than
+  the one that saved it): `train(resume_from_checkpoint=...)` first as is (refused: what it said, and
+  whether any forward or step ran), then with `hybrid_restart_engine=True` to `--steps`.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-use-cpu", action="store_true", help="use_cpu=False (the GPUs)")
     parser.add_argument("--scenarios", default="run,resume,faults")
     parser.add_argument("--no-save", action="store_true", help="the `run` scenario saves no checkpoint")
+    parser.add_argument("--restart-from", help="the checkpoint of the `restart` scenario")
     return parser.parse_args(argv)
 
 
@@ -232,7 +236,51 @@ def faults_scenario(opts: argparse.Namespace) -> dict[str, Any]:
     return {"rank": rank, "world_size": size, "event": watch.event, "phases": describe(trainer)["phases"]}
 
 
-SCENARIOS = {"run": run_scenario, "resume": resume_scenario, "faults": faults_scenario}
+class Activity(TrainerCallback):
+    """Forward passes and optimizer steps run by a trainer."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.forwards = self.steps = 0
+        trainer.model.register_forward_hook(self._forward)
+        trainer.add_callback(self)
+
+    def _forward(self, *args: Any) -> None:
+        self.forwards += 1
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.steps += 1
+
+
+def restart_scenario(opts: argparse.Namespace) -> dict[str, Any]:
+    from hf_hybrid.checkpoint import HybridCheckpointError
+
+    checkpoint = opts.restart_from
+    refused = trainer_for(opts, os.path.join(opts.out, "refused"))
+    activity = Activity(refused)
+    try:
+        refused.train(resume_from_checkpoint=checkpoint)
+        message = None
+    except HybridCheckpointError as exc:
+        message = str(exc)
+    refusal = {"message": message, "forwards": activity.forwards, "steps": activity.steps}
+    trainer = trainer_for(opts, os.path.join(opts.out, "restart"), hybrid_restart_engine=True)
+    activity = Activity(trainer)
+    trainer.train(resume_from_checkpoint=checkpoint)
+    return {
+        **describe(trainer),
+        "refused": refusal,
+        "global_step": trainer.state.global_step,
+        "steps_run": activity.steps,
+        "engine_world_size": trainer.engine.shards.world_size,
+    }
+
+
+SCENARIOS = {
+    "run": run_scenario,
+    "resume": resume_scenario,
+    "faults": faults_scenario,
+    "restart": restart_scenario,
+}
 
 
 def main() -> None:
