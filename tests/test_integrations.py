@@ -127,7 +127,7 @@ def test_predict_step_loss_is_scaled_for_accumulation_when_the_model_does_not(tm
     micro: dict[int, list[float]] = {}
     model.register_forward_hook(
         lambda module, args, output: micro.setdefault(trainer.state.global_step, []).append(
-            float(output.loss)
+            float(output.loss.detach())
         )
     )
     trainer.train()
