@@ -1,0 +1,192 @@
+"""`hf-hybrid bench --faults`: what a loss spike costs a run, with and without the spike guard.
+
+Three faults, injected at the middle of training into any method's run:
+
+- `lr_burst`: the learning rate x30 for 3 optimizer steps (the scheduler's own value returns after);
+- `garbage`: 2 steps whose batches are replaced by uniformly random tokens;
+- `shuffled_labels`: 5 steps whose labels are permuted across the batch (a classifier's classes, a
+  causal LM's target sequences), as a broken data pipeline would deliver them.
+
+Each arm (`plain`, the guarded hybrid trainer, ...) runs clean and faulted on every seed, in one process,
+one after the other; the record keeps the final eval loss, the training time and the engine's memory.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import Trainer, TrainerCallback
+
+from .methods import Method, TrialContext, parse_method
+from .runner import run_trial
+from .task import BenchTask
+
+FAULTS = ("lr_burst", "garbage", "shuffled_labels")
+LR_FACTOR, LR_STEPS = 30.0, 3
+GARBAGE_STEPS, SHUFFLED_STEPS = 2, 5
+CLEAN = "clean"
+
+
+@dataclass(frozen=True)
+class FaultWindow:
+    """Which optimizer steps (0-based global step before the step runs) a fault touches."""
+
+    kind: str
+    start: int
+    steps: int
+
+    def covers(self, step: int) -> bool:
+        return self.start <= step < self.start + self.steps
+
+
+def fault_window(kind: str, max_steps: int) -> FaultWindow:
+    if kind not in FAULTS:
+        raise ValueError(f"unknown fault {kind!r}; faults: {list(FAULTS)}")
+    length = {"lr_burst": LR_STEPS, "garbage": GARBAGE_STEPS, "shuffled_labels": SHUFFLED_STEPS}[kind]
+    return FaultWindow(kind, max_steps // 2, length)
+
+
+class LearningRateBurst(TrainerCallback):
+    """Multiplies every group's lr in the window's steps; the scheduler resets it at the next step."""
+
+    def __init__(self, window: FaultWindow) -> None:
+        self.window = window
+
+    def on_step_begin(
+        self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any
+    ) -> None:
+        if self.window.covers(state.global_step):
+            for group in optimizer.param_groups:
+                group["lr"] *= LR_FACTOR
+
+
+def corrupt(inputs: dict[str, Any], kind: str, generator: torch.Generator, vocab: int) -> dict[str, Any]:
+    """The batch as the fault delivers it (a new dict; the caller's tensors are not touched)."""
+    inputs = dict(inputs)
+    ids = inputs["input_ids"]
+    if kind == "garbage":
+        noise = torch.randint(0, vocab, ids.shape, generator=generator).to(ids.device)
+        inputs["input_ids"] = noise
+        if "labels" in inputs and inputs["labels"].shape == ids.shape:
+            inputs["labels"] = noise.clone()
+    elif kind == "shuffled_labels":
+        order = torch.randperm(ids.shape[0], generator=generator)
+        if ids.shape[0] > 1:
+            order = torch.roll(torch.arange(ids.shape[0]), 1)[order]  # no row keeps its own labels
+        inputs["labels"] = inputs["labels"][order.to(inputs["labels"].device)]
+    return inputs
+
+
+def inject(trainer: Trainer, window: FaultWindow, seed: int) -> Trainer:
+    """Make `trainer` deliver the fault: a callback for the lr, a wrapped `training_step` for the data."""
+    if window.kind == "lr_burst":
+        trainer.add_callback(LearningRateBurst(window))
+        return trainer
+    generator = torch.Generator().manual_seed(seed)
+    vocab = trainer.model.config.vocab_size if hasattr(trainer.model, "config") else 256
+    original = trainer.training_step
+
+    def training_step(self: Trainer, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        if window.covers(self.state.global_step):
+            inputs = corrupt(inputs, window.kind, generator, vocab)
+        return original(model, inputs, num_items_in_batch)
+
+    trainer.training_step = types.MethodType(training_step, trainer)
+    return trainer
+
+
+class Faulted(Method):
+    """Another method's run with a fault injected (not registered: the fault benchmark builds it)."""
+
+    def __init__(self, inner: Method, fault: str) -> None:
+        super().__init__(inner.spec, {})
+        self.inner, self.fault = inner, fault
+
+    def build(self, ctx: TrialContext) -> Trainer:
+        trainer = self.inner.build(ctx)
+        return inject(trainer, fault_window(self.fault, ctx.steps), ctx.seed)
+
+    def step_counts(self, trainer: Trainer, steps: int) -> dict[str, int]:
+        return self.inner.step_counts(trainer, steps)
+
+    def describe_run(self, trainer: Trainer) -> dict[str, Any]:
+        return self.inner.describe_run(trainer)
+
+
+def run_faults(
+    task: BenchTask,
+    arms: Sequence[str],
+    faults: Sequence[str] = FAULTS,
+    seeds: Sequence[int] = (0, 1, 2),
+    learning_rate: float | None = None,
+    out: str | Path = "bench_results/faults",
+    echo: Callable[[str], None] = print,
+) -> Path:
+    """Every arm clean and under every fault, on every seed; `faults.json` (resumable) and `faults.md`."""
+    for fault in faults:
+        fault_window(fault, task.max_steps)
+    methods = {spec: parse_method(spec) for spec in arms}
+    path = Path(out) / "faults.json"
+    record = json.loads(path.read_text()) if path.is_file() else {"task": task.describe(), "runs": []}
+    done = {(r["arm"], r["fault"], r["seed"]) for r in record["runs"]}
+    lr = learning_rate or task.learning_rate
+    for seed in seeds:
+        for fault in (CLEAN, *faults):
+            for spec, method in methods.items():
+                if (spec, fault, seed) in done:
+                    continue
+                runner = method if fault == CLEAN else Faulted(method, fault)
+                result = run_trial(
+                    task, runner, learning_rate=lr, seed=seed, steps=task.max_steps, eval_points=1
+                )
+                stats = result.stats
+                record["runs"].append(
+                    {
+                        "arm": spec, "fault": fault, "seed": seed, "eval_loss": result.eval_loss,
+                        "seconds": result.train_seconds, "engine_peak_bytes": result.engine_peak_bytes,
+                        "trainable_bytes": result.trainable_bytes, "restores": stats.get("restores", 0),
+                        "spike_skipped_steps": stats.get("spike_skipped_steps", 0),
+                    }
+                )  # fmt: skip
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(record, indent=1) + "\n")
+                echo(f"{task.name} seed {seed} {fault:<16} {spec:<30} eval loss {result.eval_loss:.4f}")
+    (Path(out) / "faults.md").write_text(fault_table(record) + "\n")
+    echo(fault_table(record))
+    return path
+
+
+def fault_table(record: dict[str, Any]) -> str:
+    """Per fault and arm: final eval loss (mean over seeds, range), minus the same arm's clean run."""
+    runs = record["runs"]
+    arms = list(dict.fromkeys(r["arm"] for r in runs))
+    faults = list(dict.fromkeys(r["fault"] for r in runs))
+    lines = [
+        "| fault | arm | eval loss (mean, min–max over seeds) | − clean (mean) | restores | time / clean |",
+        "|---|---|---|---|---|---|",
+    ]
+    for fault in faults:
+        for arm in arms:
+            mine = [r for r in runs if r["arm"] == arm and r["fault"] == fault]
+            clean = {r["seed"]: r for r in runs if r["arm"] == arm and r["fault"] == CLEAN}
+            if not mine:
+                continue
+            losses = [r["eval_loss"] for r in mine]
+            delta = statistics.fmean(
+                r["eval_loss"] - clean[r["seed"]]["eval_loss"] for r in mine if r["seed"] in clean
+            )
+            time = statistics.fmean(
+                r["seconds"] / clean[r["seed"]]["seconds"] for r in mine if r["seed"] in clean
+            )
+            lines.append(
+                f"| {fault} | `{arm}` | {statistics.fmean(losses):.4f} ({min(losses):.4f}–{max(losses):.4f}) "
+                f"| {delta:+.4f} | {sum(r['restores'] for r in mine)} | {time:.3f} |"
+            )
+    return "\n".join(lines)
