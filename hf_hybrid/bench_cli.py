@@ -121,6 +121,12 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         "preset task at the suite's size, and the engine's retained memory while asleep",
     )
     overhead.add_argument("--pairs", type=int, default=3, help="pairs per task with --overhead (default: 3)")
+    overhead.add_argument(
+        "--awake",
+        action="store_true",
+        help="with --overhead: the hybrid runs predict (null predictor, threshold 0; --hybrid overrides "
+        "win) and the report is the hybrid machinery's share of the step time, per part",
+    )
     return bench
 
 
@@ -271,7 +277,12 @@ def _overhead(args: argparse.Namespace) -> int:
     suite = SUITES[args.suite or "quick"]
     out = args.out or f"bench_results/overhead-{args.suite or 'quick'}"
     run_overhead(
-        args.tasks or suite["tasks"], suite["size"], args.pairs, out, parse_hybrid_overrides(args.hybrid)
+        args.tasks or suite["tasks"],
+        suite["size"],
+        args.pairs,
+        out,
+        parse_hybrid_overrides(args.hybrid),
+        awake=args.awake,
     )
     return 0
 

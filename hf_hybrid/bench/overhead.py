@@ -3,17 +3,18 @@
 Per task, in one process: `pairs` plain/hybrid pairs of the same run (same model, data, seed, arguments,
 default hybrid settings), the order inside a pair alternating (plain first, then hybrid first, ...) so a
 drift of the machine's speed falls on both sides. The clock is the process's CPU time on CPU and
-wall-clock on CUDA (see `runner._Clock`). Reported: each pair's hybrid/plain time, their median, and
-whether the hybrid run trained exactly like the plain one (same eval loss).
+wall-clock on CUDA (see `runner.TrainingClock`). Reported: each pair's hybrid/plain time, their median,
+and whether the hybrid run trained exactly like the plain one (same eval loss).
 
 Memory: one more hybrid run measures the engine's retained memory after every step by walking its live
 objects (`memory.engine_retained_bytes`: tensor storage by device plus the Python objects, the model and
 the optimizer excluded), reported at its largest while asleep and overall, against the trainable bytes.
-On CUDA the device peak of the timed runs is reported too.
+On CUDA the device peak of the timed runs is reported too. Besides the presets, `llama_3l` (a 3-layer
+Llama configuration on `clm_stdlib`'s data and budget) measures a model none of them is.
 
 Awake (`awake=True`): the hybrid side of each pair runs predict phases — the null predictor at
 confidence threshold 0 after a warmup of a tenth of the steps (`awake_overrides`; `--hybrid` settings
-win), so the engine watches every step in full and the compute a predicted step saves is known (it
+win), so the engine is awake at every step and the compute a predicted step saves is known (it
 applies nothing). Its time against the plain run's is then no measure of the bookkeeping (the run skips
 backward passes); what is reported is the share of the step time that the hybrid machinery measured
 for itself — every part of the engine, the trainer's hooks and the optimizer wrapper, on the process's
@@ -29,11 +30,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 from transformers import TrainerCallback
 
+from ..data import BYTE_VOCAB_SIZE
 from .memory import engine_retained_bytes
-from .runner import RunResult, RunSpec, run
-from .tasks import get_task
+from .runner import RunResult, RunSpec, run, run_trial
+from .task import BenchTask
+from .tasks import clm_data, get_task
 
 TIME_TARGET = 1.01  # median hybrid/plain
 MEMORY_TARGET = 0.02  # of the trainable bytes, while asleep
@@ -43,11 +47,65 @@ AWAKE_SHARE_TARGETS = {"clm_stdlib": 0.10}
 AWAKE_SHARE_TARGET = 0.05
 
 
+# A model that is none of the presets, so the asleep overhead is not only measured where it was tuned.
+LLAMA = "llama_3l"
+
+
+def llama_task(size: str) -> BenchTask:
+    """A 3-layer, 128-wide Llama configuration from scratch, on `clm_stdlib`'s byte-level data and budget
+    at that size (another architecture: RMSNorm, rotary embeddings, gated MLP, untied head)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    shape = get_task("clm_stdlib").size(size)
+    train, evaluation = clm_data(shape)
+    config = LlamaConfig(
+        vocab_size=BYTE_VOCAB_SIZE, hidden_size=128, intermediate_size=352, num_hidden_layers=3,
+        num_attention_heads=4, max_position_embeddings=shape.seq_len, bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+
+    def build(seed: int) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        return LlamaForCausalLM(config)
+
+    return BenchTask(
+        name=LLAMA,
+        task_type="causal_lm",
+        build_model=build,
+        train=train,
+        evaluation=evaluation,
+        learning_rate=1e-3,
+        max_steps=shape.steps,
+        batch_size=shape.batch_size,
+        eval_batch_size=64,
+        info={"size": size, "description": "Llama 3x128 from a config, causal LM on stdlib source"},
+    )
+
+
+def _steps(task: str, size: str) -> int:
+    return get_task("clm_stdlib" if task == LLAMA else task).size(size).steps
+
+
+def _run(spec: RunSpec, callbacks: Sequence[TrainerCallback] = ()) -> RunResult:
+    """A preset through `runner.run`; the Llama task through the arena's `run_trial`, likewise."""
+    if spec.task != LLAMA:
+        return run(spec, callbacks=callbacks)
+    task = llama_task(spec.size)
+    return run_trial(
+        task,
+        spec.method(),
+        learning_rate=task.learning_rate,
+        seed=spec.seed,
+        steps=task.max_steps,
+        eval_points=spec.eval_points,
+        callbacks=callbacks,
+    )
+
+
 def awake_overrides(task: str, size: str) -> dict[str, Any]:
     """Predict phases on every task and size: the null predictor (nothing applied, so the compute saved
     is the skipped backward passes), threshold 0 (phases open without skill), a warmup of a tenth of
     the steps."""
-    steps = get_task(task).size(size).steps
+    steps = _steps(task, size)
     return {
         "hybrid_predictor": "null",
         "hybrid_confidence_threshold": 0.0,
@@ -104,7 +162,7 @@ def measure_task(
         order = ("plain", "hybrid") if index % 2 == 0 else ("hybrid", "plain")
         results: dict[str, RunResult] = {}
         for kind in order:
-            results[kind] = run(
+            results[kind] = _run(
                 RunSpec(task, size, kind, seed, hybrid_overrides=hybrid_overrides, eval_points=1)
             )
             progress(f"{task} pair {index + 1}/{pairs} {kind:6s} {results[kind].train_seconds:8.2f} s")
@@ -113,7 +171,7 @@ def measure_task(
         report.summary = _awake_summary(task, report.pairs, dict(hybrid_overrides))
         return report
     probe = _MemoryProbe()
-    probed = run(
+    probed = _run(
         RunSpec(task, size, "hybrid", seed, hybrid_overrides=hybrid_overrides, eval_points=1),
         callbacks=[probe],
     )

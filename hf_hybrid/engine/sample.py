@@ -61,6 +61,12 @@ class CoordinateSample:
             offset = zlib.crc32(f"{seed}:{name}".encode()) % min(step, numel) if numel else 0
             self.layout[name] = (offset, step, numel)
             self.ranges[name] = (0, numel) if ranges is None else tuple(ranges[name])
+        # where the sample starts in the part held here, and how many coordinates it has there
+        self._start = {name: self._first(name) - self.ranges[name][0] for name in self.layout}
+        self._count = {
+            name: len(range(self._first(name), self.ranges[name][1], self.layout[name][1]))
+            for name in self.layout
+        }
 
     def _first(self, name: str) -> int:
         """The first sampled index of the whole tensor at or after the start of the part held here."""
@@ -69,11 +75,18 @@ class CoordinateSample:
         return offset + max(0, -(-(start - offset) // step)) * step
 
     def gather(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """The sampled coordinates of `tensor`: the whole tensor, or the shard that `ranges` describes."""
-        return tensor.detach().reshape(-1)[self._first(name) - self.ranges[name][0] :: self.layout[name][1]]
+        """The sampled coordinates of `tensor`: the whole tensor, or the shard that `ranges` describes.
+
+        A contiguous tensor's sample is one `as_strided` view (this runs for every tensor at every
+        observed step, so the flatten-then-slice of the general case is worth saving)."""
+        tensor = tensor.detach()
+        start, count = self._start[name], self._count[name]
+        if count and tensor.is_contiguous():
+            return tensor.as_strided((count,), (self.layout[name][1],), tensor.storage_offset() + start)
+        return tensor.reshape(-1)[start :: self.layout[name][1]]
 
     def count(self, name: str) -> int:
-        return len(range(self._first(name), self.ranges[name][1], self.layout[name][1]))
+        return self._count[name]
 
     @property
     def fraction(self) -> float:

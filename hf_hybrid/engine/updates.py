@@ -33,6 +33,7 @@ class RealUpdateTracker:
             self.last = {name: self._view(name, p).float().clone() for name, p in self.params.items()}
             return
         self._counts = [sample.count(name) for name in self.params]
+        self._device = local(next(iter(self.params.values()))).device
         self._flat = self._current()
         self.last = dict(zip(self.params, self._flat.split(self._counts), strict=True))
 
@@ -43,8 +44,8 @@ class RealUpdateTracker:
     def _current(self) -> torch.Tensor:
         """The sampled coordinates of all parameters now, in one flat fp32 tensor (on the device of the
         first: a model split over devices is gathered onto one)."""
-        device = local(next(iter(self.params.values()))).device
-        return torch.cat([self._view(name, p).to(device, torch.float32) for name, p in self.params.items()])
+        views = [self._view(name, p) for name, p in self.params.items()]
+        return torch.cat([v if v.device == self._device else v.to(self._device) for v in views]).float()
 
     def skip(self) -> None:
         """A real step happened and nobody looked: the next `take()` averages over it."""
