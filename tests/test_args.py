@@ -46,6 +46,11 @@ BAD_VALUES = [
     ("hybrid_console_metrics", "verbose", r"one of \['compact', 'full'\]"),
     ("hybrid_predictor_kwargs", "[1, 2]", r"a JSON object"),
     ("hybrid_predictor_kwargs", "{beta: 1}", r"a JSON object \(Expecting property name"),
+    (
+        "hybrid_predictor_kwargs",
+        {"betta": 0.8},
+        r"keyword arguments of predictor 'ema': \['beta', 'decay'\] \(not \['betta'\]\)",
+    ),
 ]
 
 
@@ -74,15 +79,44 @@ def test_messages_name_every_field_involved(tmp_path):
 
 
 def test_a_predictor_kwargs_mapping_is_passed_on_as_it_is(tmp_path):
-    """A mapping is not checked here (the predictor checks its own arguments when it is built)."""
+    """The keys are checked against the predictor's constructor; the values are the constructor's to
+    judge when the engine builds it."""
     args = HybridTrainingArguments(
         output_dir=str(tmp_path),
         report_to="none",
-        hybrid_predictor="null",
+        hybrid_predictor="ema",
         hybrid_predictor_kwargs={"beta": [1]},
     )
     assert args.hybrid_predictor_kwargs == {"beta": [1]}
     assert args.engine_config().predictor_kwargs == {"beta": [1]}
+
+
+def test_predictor_kwargs_are_checked_against_the_constructor_when_the_arguments_are_parsed(tmp_path):
+    """Issue 24, item 3: `--hybrid_predictor_kwargs '{"betta": 0.8}'` failed at train start with a raw
+    TypeError; it is refused when the arguments are built, naming the key and the accepted ones. With
+    `auto` every predictor it may become must take the key; a constructor with **kwargs takes any."""
+    parser = HfArgumentParser(HybridTrainingArguments)
+    with pytest.raises(ValueError, match=r"predictor 'ema': \['beta', 'decay'\] \(not \['betta'\]\)"):
+        parser.parse_args_into_dataclasses(
+            ["--output_dir", str(tmp_path), "--hybrid_predictor_kwargs", '{"betta": 0.8}']
+        )
+    with pytest.raises(ValueError, match=r"predictor 'adam': none \(not \['beta'\]\)"):
+        HybridTrainingArguments(
+            output_dir=str(tmp_path), hybrid_predictor="auto", hybrid_predictor_kwargs={"beta": 0.8}
+        )
+
+    class Open(EMAPredictor):
+        def __init__(self, **kwargs):
+            super().__init__()
+
+    register_predictor("open-kwargs", Open)
+    try:
+        args = HybridTrainingArguments(
+            output_dir=str(tmp_path), hybrid_predictor="open-kwargs", hybrid_predictor_kwargs={"anything": 1}
+        )
+        assert args.engine_config().predictor_kwargs == {"anything": 1}
+    finally:
+        unregister_predictor("open-kwargs")
 
 
 def test_bad_field_fails_before_any_model_is_touched(tmp_path):

@@ -53,6 +53,7 @@ class EngineConfig:
             raise ConfigError(
                 "predictor_kwargs", self.predictor_kwargs, "a mapping of argument names to values"
             )
+        self._check_predictor_kwargs()
         check_int("check_every", self.check_every, 0)
         check_float("max_delta", self.max_delta, 0.0, 1.0, low_open=True)
         check_bool("rollback", self.rollback)
@@ -62,6 +63,21 @@ class EngineConfig:
         check_bool("use_bandit", self.use_bandit)
         check_float("probe_cost", self.probe_cost, 0.0, 1e6)
         check_int("dormant_every", self.dormant_every, 1, 1_000_000)
+
+    def _check_predictor_kwargs(self) -> None:
+        """Refuse a keyword the predictor's constructor does not take now, not as a TypeError when the
+        engine builds it (for `auto`, every predictor it may resolve to must take it)."""
+        from .predictor import AUTO, AUTO_CANDIDATES, constructor_arguments
+
+        for name in AUTO_CANDIDATES if self.predictor == AUTO else (self.predictor,):
+            accepted = constructor_arguments(name)
+            unknown = [] if accepted is None else sorted(set(self.predictor_kwargs) - set(accepted))
+            if unknown:
+                raise ConfigError(
+                    "predictor_kwargs",
+                    dict(self.predictor_kwargs),
+                    f"keyword arguments of predictor {name!r}: {accepted or 'none'} (not {unknown})",
+                )
 
     def fingerprint(self) -> dict[str, Any]:
         """JSON-able form; what must match for a saved engine state to mean anything to this one."""

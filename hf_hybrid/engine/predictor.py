@@ -123,6 +123,7 @@ class DeltaPredictor(ABC):
 
 
 AUTO = "auto"
+AUTO_CANDIDATES = ("adam", "ema")  # what `auto` may resolve to (`resolve_predictor_name`)
 _REGISTRY: dict[str, type[DeltaPredictor]] = {}
 _BUILTIN: set[str] = set()
 
@@ -169,6 +170,21 @@ def predictor_class(name: str) -> type[DeltaPredictor]:
     if name not in _REGISTRY:
         raise ValueError(f"unknown predictor {name!r}; available: {[AUTO, *available_predictors()]}")
     return _REGISTRY[name]
+
+
+INJECTED_ARGUMENTS = ("params", "optimizer", "sample")  # what `build_predictor` passes itself
+
+
+def constructor_arguments(name: str) -> list[str] | None:
+    """The keyword arguments a predictor's constructor takes from `predictor_kwargs` (None: any, it has
+    `**kwargs`); the ones the engine passes itself are left out."""
+    import inspect
+
+    parameters = list(inspect.signature(predictor_class(name).__init__).parameters.values())[1:]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in parameters if p.kind in keyword and p.name not in INJECTED_ARGUMENTS]
 
 
 def _builtin(cls: type[DeltaPredictor]) -> type[DeltaPredictor]:
