@@ -64,8 +64,19 @@ def no_predict_reason(stats: Mapping[str, Any]) -> str | None:
     threshold = stats["confidence_threshold"]
     if stats["predict_phases"] > 0:
         return None
-    if steps.get("warmup", 0) == stats["steps"]:
-        return "No predict phase opened: the run ended inside the warmup (`hybrid_warmup_steps`)."
+    warmup = steps.get("warmup", 0)
+    if warmup == stats["steps"]:
+        return (
+            f"No predict phase opened: the run ended inside the warmup (`hybrid_warmup_steps`; all "
+            f"{warmup} steps); lower it or train longer to give predict phases a chance."
+        )
+    if 2 * warmup >= stats["steps"]:
+        return (
+            f"No predict phase opened: {warmup} of the run's {stats['steps']} steps were warmup "
+            f"(`hybrid_warmup_steps`), which left {stats['steps'] - warmup}; the highest measured "
+            f"confidence after it was {stats['max_confidence']:.2f} (threshold {threshold:.2f}). Lower "
+            "`hybrid_warmup_steps` or train longer to give predict phases a chance."
+        )
     if stats["max_confidence"] >= threshold:
         return (
             "No predict phase opened: the run ended before the schedule allowed one (after the warmup a "

@@ -62,3 +62,18 @@ def test_a_run_that_never_predicts_logs_no_warning_even_on_a_loss_spike(tmp_path
     actions = [r for r in caplog.records if getattr(r, "hybrid_action", None)]
     assert actions and all(r.levelname == "INFO" for r in actions)
     assert any("FULL steps before the next predict phase" in r.getMessage() for r in actions)
+
+
+def test_a_run_mostly_in_warmup_says_so_instead_of_blaming_the_threshold(tmp_path):
+    """Issue 24, item 1: with 20 of 30 steps in warmup, the reason names the warmup, not the threshold."""
+    trainer = hybrid_trainer(tmp_path, max_steps=30, hybrid_warmup_steps=20, hybrid_confidence_threshold=0.99)
+    trainer.train()
+    reason = trainer.hybrid_stats()["no_predict_reason"]
+    assert reason.startswith("No predict phase opened: 20 of the run's 30 steps were warmup")
+    assert "Lower `hybrid_warmup_steps` or train longer" in reason
+    every = hybrid_trainer(tmp_path / "all", max_steps=10, hybrid_warmup_steps=20)
+    every.train()
+    assert (
+        "ended inside the warmup (`hybrid_warmup_steps`; all 10 steps)"
+        in every.hybrid_stats()["no_predict_reason"]
+    )
