@@ -130,6 +130,7 @@ def build(recipe: Recipe, blocks: list[list[int]], folder: Path) -> None:
         torch.set_num_threads(threads)
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=folder.name + ".building-"))
+    staging.chmod(0o755)  # mkdtemp's 0700 would hide the model from other users of the cache
     model.save_pretrained(staging)
     (staging / RECIPE_FILE).write_text(
         json.dumps({"recipe": asdict(recipe), "train_losses": losses}, indent=1) + "\n"
