@@ -143,7 +143,7 @@ def build(recipe: Recipe, blocks: list[list[int]], folder: Path) -> None:
 # ---- the fine-tune text ------------------------------------------------------------------------------
 
 
-def _is_eval_topic(name: str, eval_percent: int = 10) -> bool:
+def is_eval_topic(name: str, eval_percent: int = 10) -> bool:
     return hashlib.sha256(name.encode()).digest()[0] % 100 < eval_percent
 
 
@@ -156,7 +156,7 @@ def docs_blocks(seq_len: int, train_blocks: int, eval_blocks: int) -> tuple[Any,
 
     data: dict[str, bytes] = {"train": b"", "eval": b""}
     for name in sorted(topics):
-        split = "eval" if _is_eval_topic(name) else "train"
+        split = "eval" if is_eval_topic(name) else "train"
         data[split] += topics[name].encode("utf-8") + b"\n\n"
     out = []
     for split, wanted in (("train", train_blocks), ("eval", eval_blocks)):
