@@ -29,9 +29,9 @@ class StepRecorder(TrainerCallback):
         guard = self.trainer.engine.guard
         original = guard.apply
 
-        def recording_apply(deltas, max_delta):
+        def recording_apply(deltas, *args, **kwargs):
             norms = {n: float(guard.params[n].detach().float().norm()) for n in deltas}
-            result, final = original(deltas, max_delta)
+            result, final = original(deltas, *args, **kwargs)
             if result.applied:
                 self.applied.append({k: v.clone() for k, v in final.items()})
                 self.norms_at_apply.append(norms)
