@@ -41,8 +41,8 @@ class AppliedRecorder(TrainerCallback):
         guard = self.trainer.engine.guard
         original = guard.apply
 
-        def recording_apply(deltas, max_delta):
-            result, final = original(deltas, max_delta)
+        def recording_apply(deltas, *args, **kwargs):
+            result, final = original(deltas, *args, **kwargs)
             if result.applied:
                 self.applied.append(set(final))
             return result, final

@@ -59,7 +59,7 @@ class CompensationChecker(TrainerCallback):
         guard = self.trainer.engine.guard
         original = guard.apply
 
-        def checking_apply(deltas, max_delta):
+        def checking_apply(deltas, *args, **kwargs):
             step = self.trainer.state.global_step
             if step != self.last_step + 1:
                 assert not guard.compensation, "a new chain must not start with a stale carry"
@@ -68,7 +68,7 @@ class CompensationChecker(TrainerCallback):
                 self.magnitude = {n: b.abs() for n, b in self.base.items()}
                 self.naive = {n: p.detach().clone() for n, p in guard.params.items()}
                 self.chain = 0
-            result, final = original(deltas, max_delta)
+            result, final = original(deltas, *args, **kwargs)
             if not result.applied:
                 self.last_step = -2
                 return result, final

@@ -28,10 +28,10 @@ class _Sabotage(TrainerCallback):
         guard = self.trainer.engine.guard
         apply = guard.apply
 
-        def apply_and_touch_the_optimizer(deltas, max_delta):
+        def apply_and_touch_the_optimizer(deltas, *args, **kwargs):
             for moments in self.trainer.optimizer.state.values():
                 moments["exp_avg"].add_(1.0)
-            return apply(deltas, max_delta)
+            return apply(deltas, *args, **kwargs)
 
         guard.apply = apply_and_touch_the_optimizer
 
