@@ -9,20 +9,12 @@ from pathlib import Path
 import pytest
 from assert_paths import findings, suite_files
 
-# Tests the checker flags in files whose owners are rewriting them (the benchmark arena); each is to be
-# fixed there and then dropped from here. An entry that no longer matches a finding is ignored.
-KNOWN = {
-    ("test_arena.py", "test_the_null_control_replays_the_hybrid_runs_phases_with_nothing_applied"),
-    ("test_arena.py", "test_the_other_seeds_run_only_for_methods_near_winning"),
-    ("test_arena.py", "test_blocks_and_input_side_of_gpt2_bert_llama_and_peft"),
-}
-
 
 def test_every_test_of_the_suite_asserts_on_every_path():
     everything = suite_files()
     tests = [p for p in everything if p.name.startswith("test_")]
     assert len(tests) > 30 and Path(__file__) in tests
-    found = [f for f in findings(tests, everything) if (f.path.name, f.name) not in KNOWN]
+    found = findings(tests, everything)
     assert not found, "\n".join(map(str, found))
 
 
