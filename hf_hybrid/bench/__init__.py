@@ -67,6 +67,7 @@ def quiet_libraries() -> None:
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # "Loading weights" bars at every run's from_pretrained
     logging.getLogger("hf_hybrid").setLevel(logging.ERROR)
 
 

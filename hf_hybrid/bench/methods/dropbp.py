@@ -70,7 +70,11 @@ class BlockDropper:
             block.forward = types.MethodType(_dropping_forward(block.forward, self, index), block)
 
     def draw(self) -> None:
+        """A fresh draw; never every block: with nothing trainable below the blocks (peft, frozen
+        embeddings) a step whose every block is dropped would have no gradient at all."""
         mask = torch.rand(len(self.dropped), generator=self.generator) < self.p
+        if bool(mask.all()):
+            mask[-1] = False
         self.dropped = mask.tolist()
         self.skipped += int(mask.sum())
 
