@@ -1,4 +1,4 @@
-"""The public extension API, as the README shows it: a user's predictor, by name and as an instance."""
+"""The public extension API, as docs/extending.md shows it: a user's predictor, by name and as an instance."""
 
 from __future__ import annotations
 
@@ -12,18 +12,18 @@ from helpers import counters, hybrid_args, hybrid_trainer, tiny_data, tiny_gpt2
 import hf_hybrid
 from hf_hybrid import HybridHFTrainer, available_predictors, unregister_predictor
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+EXTENDING = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 
 
 @pytest.fixture
 def readme_example(tmp_path, monkeypatch):
-    """Run the README's extension block as a user would (in a scratch folder); yield its namespace."""
-    text = README.read_text()
+    """Run the extension page's block as a user would (in a scratch folder); yield its namespace."""
+    text = EXTENDING.read_text()
     block = re.search(r"<!-- extension-example:start -->\s*```python\n(.*?)```", text, re.S)
-    assert block, "the README lost its extension example"
+    assert block, "docs/extending.md lost its extension example"
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
-    exec(compile(block.group(1), "README.md", "exec"), namespace)  # noqa: S102 - the README's own code
+    exec(compile(block.group(1), "extending.md", "exec"), namespace)  # noqa: S102 - the page's own code
     yield namespace
     unregister_predictor("last-update")
 
