@@ -115,11 +115,16 @@ def test_the_engine_names_the_parameters_as_the_bare_model_does(runs):
     assert not [n for n in rank0["engine_params"] if "_fsdp_wrapped_module" in n or "_orig_mod" in n]
 
 
+def _without_bytes(stats):
+    return {key: value for key, value in stats.items() if not key.endswith("_bytes")}
+
+
 def test_every_rank_takes_the_phases_of_one_process(runs):
     rank0, rank1 = runs["ranks"]
     assert rank0["phases"] == rank1["phases"] == runs["single"]["phases"]
     assert rank0["phases"].count("predict") >= 8
-    assert rank0["stats"] == rank1["stats"]
+    # the same decisions and counters; the bytes are each rank's own (its shards, its part of the sample)
+    assert _without_bytes(rank0["stats"]) == _without_bytes(rank1["stats"])
     assert rank0["stats"]["predict_phases"] >= 3
     assert rank0["stats"]["steps_per_phase"] == runs["single"]["stats"]["steps_per_phase"]
 

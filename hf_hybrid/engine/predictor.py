@@ -461,20 +461,24 @@ def delta_dot_products(
     if not real:
         return 0.0, 0.0, 0.0
     device = next(iter(real.values())).device  # a model split over devices is gathered onto one
-    d = torch.cat([t.reshape(-1).to(device, torch.float64) for t in real.values()])
+    d = _flat([t.reshape(-1) for t in real.values()], device)
     if not predicted:
         return 0.0, 0.0, float(torch.dot(d, d))
     zero = d.new_zeros(())
-    p = torch.cat(
+    p = _flat(
         [
-            predicted[name].reshape(-1).to(device, torch.float64)
-            if name in predicted
-            else zero.expand(t.numel())
+            predicted[name].reshape(-1) if name in predicted else zero.expand(t.numel())
             for name, t in real.items()
-        ]
+        ],
+        device,
     )
     pd, pp, dd = torch.stack([torch.dot(p, d), torch.dot(p, p), torch.dot(d, d)]).tolist()
     return pd, pp, dd
+
+
+def _flat(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """One float64 vector: concatenated first, converted once (not once per tensor)."""
+    return torch.cat([t if t.device == device else t.to(device) for t in tensors]).to(torch.float64)
 
 
 def cosine(pd: float, pp: float, dd: float) -> float:

@@ -1,9 +1,11 @@
-"""A fixed, seeded sample of each trainable tensor's coordinates: what the sleeping engine watches.
+"""A fixed, seeded sample of each trainable tensor's coordinates: what the engine scores its guesses on.
 
-While its predictions are far from useful the engine does not need the whole real update to know it:
-the skill `1 - ||s*p - d||^2 / ||d||^2` of a guess is a ratio of sums over coordinates, and a uniform
-sample of the coordinates estimates it. So the sleeping engine keeps its buffers for the sampled
-coordinates only (no full-size copy of the parameters, no full-size predictor state).
+The engine does not need the whole real update to know how good a guess of it was: the skill
+`1 - ||s*p - d||^2 / ||d||^2` of a guess is a ratio of sums over coordinates, and a uniform sample of
+the coordinates estimates it. So the sleeping engine keeps its buffers for the sampled coordinates only
+(no full-size copy of the parameters, no full-size predictor state), and the awake one scores on a
+denser sample (`min_per_tensor`: small tensors, whose stride-401 sample is a coordinate or two, are
+sampled at a shorter stride or whole), at a cost that does not grow with the model either.
 
 The sample is systematic: every `stride`-th element of the flattened tensor from a seeded offset, with
 a prime stride (so rows of a matrix are not sampled in lockstep) and at most `max_per_tensor` elements.
@@ -50,14 +52,20 @@ class CoordinateSample:
         stride: int = DEFAULT_STRIDE,
         max_per_tensor: int = DEFAULT_MAX_PER_TENSOR,
         ranges: Mapping[str, tuple[int, int]] | None = None,
+        min_per_tensor: int = 1,
     ) -> None:
-        """`shapes`: the whole tensors' shapes; `ranges`: the part of each held here (default: all)."""
+        """`shapes`: the whole tensors' shapes; `ranges`: the part of each held here (default: all);
+        `min_per_tensor`: the stride shrinks for smaller tensors so that each keeps about that many
+        coordinates (all of one that has fewer); the default 1 leaves every tensor at `stride`."""
         self.seed = seed
         self.layout: dict[str, tuple[int, int, int]] = {}  # name -> (offset, stride, numel) of the whole
         self.ranges: dict[str, tuple[int, int]] = {}  # name -> [start, stop) held here, in the whole
         for name, shape in shapes.items():
             numel = math.prod(shape)
-            step = _next_prime(max(stride, math.ceil(numel / max_per_tensor)))
+            dense = min(stride, numel // max(min_per_tensor, 1))
+            step = (
+                1 if numel <= min_per_tensor else _next_prime(max(dense, math.ceil(numel / max_per_tensor)))
+            )
             offset = zlib.crc32(f"{seed}:{name}".encode()) % min(step, numel) if numel else 0
             self.layout[name] = (offset, step, numel)
             self.ranges[name] = (0, numel) if ranges is None else tuple(ranges[name])

@@ -3,16 +3,18 @@ predictor's guess of it.
 
 Scoring — the skill of a guess against the real update of the same step — always runs on a seeded
 sample of the coordinates (`CoordinateSample`): the skill is a ratio of sums over coordinates, so the
-sample estimates it (within 0.01–0.02 of the whole skill on the benchmark tasks, 0.11 at worst:
-`benchmarks/experiments/sampled_skill.py`), at a cost that does not grow with the model. A predictor
-whose guess for a coordinate uses only that coordinate's history (`supports_sharding`, for the same
-reason) gets a twin on the sample, the `scorer`, which guesses there what the full-size one guesses (up
-to rounding); for any other the full-size guess is gathered at the sample.
+sample estimates it (asleep, on about 0.25% of the coordinates, within 0.01–0.02 of the whole skill on
+the benchmark tasks, 0.11 at worst: `benchmarks/experiments/sampled_skill.py`), at a cost that does not
+grow with the model. A predictor whose guess for a coordinate uses only that coordinate's history
+(`supports_sharding`, for the same reason) gets a twin on the sample, the `scorer`, which guesses there
+what the full-size one guesses (up to rounding); for any other the full-size guess is gathered there.
 
 Asleep — while the guesses are far from useful — the sampled tracker and the scorer are all the watch
 keeps: no full-size buffer. Awake it adds the full-size predictor, whose guesses the PREDICT steps
 apply, and, for a predictor that learns from the real updates (`needs_deltas`), the full-size tracker
-that feeds it. Waking starts both predictors over together, so the scorer's guesses are the full one's;
+that feeds it; and it scores on a denser sample (about `AWAKE_SAMPLE` coordinates of every tensor,
+all of a smaller one: the decisions to open phases rest on it, and a small model's sparse sample is a
+coordinate or two per tensor). Each switch starts the predictors and trackers over on the new extent;
 with sharded parameters everything here covers this rank's shard (or its part of the sample).
 """
 
@@ -30,6 +32,8 @@ from .sharding import ShardGroup, local
 from .updates import RealUpdateTracker
 
 logger = logging.getLogger(__name__)
+
+AWAKE_SAMPLE = 4096  # coordinates scored per tensor while awake, about (all of a smaller tensor)
 
 
 class UpdateWatch:
@@ -57,7 +61,9 @@ class UpdateWatch:
         self.predictor_name = predictor.name if predictor is not None else predictor_name
         self.predictor_kwargs = dict(predictor_kwargs)
         ranges = {n: self.shards.flat_range(p) for n, p in self.params.items()}
-        self.sample = CoordinateSample({n: p.shape for n, p in self.params.items()}, seed, ranges=ranges)
+        shapes = {n: p.shape for n, p in self.params.items()}
+        self.sparse = CoordinateSample(shapes, seed, ranges=ranges)
+        self.dense = CoordinateSample(shapes, seed, ranges=ranges, min_per_tensor=AWAKE_SAMPLE)
         cls = type(predictor) if predictor is not None else predictor_class(predictor_name)
         self.can_sleep = may_sleep and predictor is None and cls.supports_sampling
         self.has_twin = predictor is None and cls.supports_sampling and cls.supports_sharding
@@ -66,12 +72,17 @@ class UpdateWatch:
                 f"predictor {self.predictor_name!r} mixes the coordinates of a tensor and cannot run on "
                 "sharded parameters (FSDP); use one that sets `supports_sharding`, e.g. 'ema' or 'adam'"
             )
-        self.sampled_updates = RealUpdateTracker(self.params, self.sample)
         self.awake = False
+        self.sampled_updates: RealUpdateTracker
         self.scorer: DeltaPredictor | None = None
         self.updates: RealUpdateTracker | None = None  # awake, for a predictor that needs the updates
         self._full: DeltaPredictor | None = None
         self.set_awake(not self.can_sleep)
+
+    @property
+    def sample(self) -> CoordinateSample:
+        """The coordinates scored now: the sparse sample asleep, the dense one awake."""
+        return self.dense if self.awake else self.sparse
 
     @property
     def predictor(self) -> DeltaPredictor:
@@ -88,15 +99,16 @@ class UpdateWatch:
         )
 
     def set_awake(self, awake: bool) -> None:
-        """Build the predictors (and the full-size tracker, from the parameters as they are now) for the
-        new state. Waking starts the predictors over; falling asleep keeps the scorer's history."""
+        """Build the predictors and trackers for the new state, from the parameters as they are now: a
+        predictor's history was of the other extent."""
         self.awake = awake
+        self.sampled_updates = RealUpdateTracker(self.params, self.sample)
         if not awake:
             self.updates, self._full = None, None
-            self.scorer = self.scorer or self._build(self.sample)
+            self.scorer = self._build(self.sparse)
             return
         self._full = self.instance or self._build(None)
-        self.scorer = self._build(self.sample) if self.has_twin else None
+        self.scorer = self._build(self.dense) if self.has_twin else None
         self.updates = RealUpdateTracker(self.params) if self._full.needs_deltas else None
 
     def _shapes(self, sampled: bool) -> dict[str, tuple[int, ...]]:
@@ -222,8 +234,6 @@ class UpdateWatch:
             self.sampled_updates.load_state_dict(state["sampled_updates"])
             if self.scorer is not None:
                 self.scorer.load_state_dict(state["scorer"])
-        else:
-            self.sampled_updates = RealUpdateTracker(self.params, self.sample)
 
 
 def _check_guess(predicted: Mapping[str, torch.Tensor] | None, shapes: Mapping[str, tuple[int, ...]]) -> None:

@@ -206,7 +206,7 @@ class TestFullRun:
         # the full-size predictor and its twin on the sample, which scores the guesses
         watch = full_run.engine.watch
         assert stats["predictor_bytes"] == watch.predictor.nbytes() + watch.scorer.nbytes()
-        assert watch.predictor.nbytes() > watch.scorer.nbytes() > 0
+        assert watch.predictor.nbytes() >= watch.scorer.nbytes() > 0  # this small model: all of it
 
     def test_phase_sequence_is_a_valid_cycle(self, full_run: Loop) -> None:
         phases = full_run.phases()
