@@ -42,10 +42,10 @@ class AppliedRecorder(TrainerCallback):
         original = guard.apply
 
         def recording_apply(deltas, *args, **kwargs):
-            result, final = original(deltas, *args, **kwargs)
-            if result.applied:
+            refused, final = original(deltas, *args, **kwargs)
+            if refused is None:
                 self.applied.append(set(final))
-            return result, final
+            return refused, final
 
         guard.apply = recording_apply
 

@@ -68,10 +68,10 @@ class CompensationChecker(TrainerCallback):
                 self.magnitude = {n: b.abs() for n, b in self.base.items()}
                 self.naive = {n: p.detach().clone() for n, p in guard.params.items()}
                 self.chain = 0
-            result, final = original(deltas, *args, **kwargs)
-            if not result.applied:
+            refused, final = original(deltas, *args, **kwargs)
+            if refused is not None:
                 self.last_step = -2
-                return result, final
+                return refused, final
             self.last_step = step
             self.chain += 1
             self.longest_chain = max(self.longest_chain, self.chain)
@@ -96,7 +96,7 @@ class CompensationChecker(TrainerCallback):
                 )
                 self.tracking_error += float((tracked - exact).abs().sum())
                 self.naive_error += float((self.naive[name].float() - exact).abs().sum())
-            return result, final
+            return refused, final
 
         guard.apply = checking_apply
 

@@ -31,11 +31,11 @@ class StepRecorder(TrainerCallback):
 
         def recording_apply(deltas, *args, **kwargs):
             norms = {n: float(guard.params[n].detach().float().norm()) for n in deltas}
-            result, final = original(deltas, *args, **kwargs)
-            if result.applied:
+            refused, final = original(deltas, *args, **kwargs)
+            if refused is None:
                 self.applied.append({k: v.clone() for k, v in final.items()})
                 self.norms_at_apply.append(norms)
-            return result, final
+            return refused, final
 
         guard.apply = recording_apply
         for p in self.trainer.model.parameters():

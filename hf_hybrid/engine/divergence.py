@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import Any
+
+from .alarm import Alarm, DivergenceLevel, worst_level
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DivergenceLevel", "DivergenceMonitor", "DivergenceReport"]
+__all__ = ["DivergenceLevel", "DivergenceMonitor"]
 
 # Lower bound of the std used in z-scores, relative to |mean|: a perfectly flat loss would otherwise give
 # infinite z-scores for the smallest wiggle. The absolute floor covers a mean of (almost) zero.
@@ -23,24 +23,6 @@ REL_STD_FLOOR = 1e-2
 ABS_STD_FLOOR = 1e-6
 # Lower bound of the running grad-norm mean used as the denominator of the spike ratio.
 _GRAD_MEAN_FLOOR = 1e-12
-
-
-class DivergenceLevel(IntEnum):
-    """How far from normal one step looks; ordered, so the worst signal is ``max``."""
-
-    NORMAL = 0
-    CAUTION = 1
-    WARNING = 2
-    CRITICAL = 3
-
-
-@dataclass(frozen=True)
-class DivergenceReport:
-    """Verdict on one step: the level, the scored signals and why (what to do is `recovery`'s call)."""
-
-    level: DivergenceLevel
-    signals: dict[str, float] = field(default_factory=dict)
-    reasons: list[str] = field(default_factory=list)
 
 
 class _RunningStat:
@@ -137,6 +119,7 @@ class DivergenceMonitor:
         self._grad = _RunningStat()
         self._pred = _RunningStat()
         self._alarm_streak = 0
+        self.signals: dict[str, float] = {}  # the signals scored by the last `check`
 
     def _z_level(self, z: float) -> DivergenceLevel:
         if z > 2.0 * self.sigma:
@@ -149,21 +132,20 @@ class DivergenceMonitor:
 
     def check(
         self, loss: float | None, grad_norm: float | None = None, prediction_error: float | None = None
-    ) -> DivergenceReport:
-        """Score one step (``None`` = not measured this step), then fold it into the statistics."""
+    ) -> list[Alarm]:
+        """Score one step (``None`` = not measured this step), then fold it into the statistics: one alarm
+        per signal above NORMAL (the scored values stay in `signals` until the next check)."""
         loss = _as_float("loss", loss)
         grad_norm = _as_float("grad_norm", grad_norm)
         prediction_error = _as_float("prediction_error", prediction_error)
 
-        level = DivergenceLevel.NORMAL
         signals: dict[str, float] = {}
-        reasons: list[str] = []
+        alarms: list[Alarm] = []
+        self.signals = signals
 
         def raise_to(new: DivergenceLevel, reason: str) -> None:
-            nonlocal level
             if new > DivergenceLevel.NORMAL:
-                reasons.append(reason)
-            level = max(level, new)
+                alarms.append(Alarm(new, reason))
 
         if loss is not None:
             if not math.isfinite(loss):
@@ -202,6 +184,7 @@ class DivergenceMonitor:
                 bound = self._bound(self._z_level(z))
                 raise_to(self._z_level(z), f"prediction error z-score {z:.1f} > {bound:.1f}")
 
+        level = worst_level(alarms)
         if level < DivergenceLevel.WARNING:
             self._alarm_streak = 0
             for stat, value in ((self._loss, loss), (self._grad, grad_norm), (self._pred, prediction_error)):
@@ -212,9 +195,9 @@ class DivergenceMonitor:
             if self._alarm_streak >= self.min_history:
                 self._rebaseline(signals)
 
-        if level > DivergenceLevel.NORMAL:
-            logger.debug("divergence %s: %s", level.name, "; ".join(reasons))
-        return DivergenceReport(level=level, signals=signals, reasons=reasons)
+        if alarms:
+            logger.debug("divergence %s: %s", level.name, "; ".join(a.reason for a in alarms))
+        return alarms
 
     def _bound(self, level: DivergenceLevel) -> float:
         """The z threshold that ``level`` crossed (for the reason text)."""

@@ -8,12 +8,13 @@ The caller (a Trainer, or any plain PyTorch loop) never decides anything itself;
 reaches into the caller except through the optimizer-step callable. Everything it decides is derived
 from scalars that are identical on every rank (the caller all-reduces the loss), so no rank drifts.
 
-One step, end to end: `begin_step` asks the controller for the phase (opening a `PredictPhase` and
-taking the rollback snapshot when one starts). `finish_step` then runs a real step (`_real_step`: the
-CORRECT step's validation of its phase, finiteness, the divergence monitor, then the optimizer step and
-the scoring of the predictor's guess against the real update) or a predicted one (`_predict_step`: the
-monitor on the measured loss, then the predicted update through the guard). Whatever went wrong is an
-`Alarm`; `_recover` turns the step's alarms into one `RecoveryAction`, performs it and logs it.
+One step, end to end: `begin_step` asks the controller for the phase (`PredictPhases` opens a phase,
+with its rollback snapshot, when one starts). `finish_step` then runs a real step (`_real_step`: the
+CORRECT step's verdict on its phase, finiteness, the divergence monitor, sleeping or waking
+(`Wakefulness`), then the optimizer step and what the predictor learns from it, `Learner.learn`) or a
+predicted one (`_predict_step`: the monitor on the measured loss, then the guess written through the
+guard, `Learner.write_guess`). Every checker returns `Alarm`s; `_recover` turns the step's alarms into
+one `RecoveryAction` (`recovery.py`), performs it and logs it.
 """
 
 from __future__ import annotations
@@ -21,45 +22,34 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .accounting import StepCounters
-from .bandit import HorizonBandit, default_arms, phase_reward
+from .alarm import Alarm, DivergenceLevel, nonfinite_step, worst_level
 from .config import EngineConfig
-from .divergence import DivergenceLevel, DivergenceMonitor
+from .divergence import DivergenceMonitor
 from .footprint import MemoryMeter
 from .guard import ParameterGuard
+from .learner import Learner
 from .loss_watch import LossWatch
 from .phases import Phase, PhaseController
-from .predict_phase import PhaseEnd, PredictPhase, reference_level
-from .predictor import (
-    DeltaPredictor,
-    Deltas,
-    delta_dot_products,
-    resolve_predictor_name,
-)
-from .recovery import (
-    NONFINITE_STEP,
-    Alarm,
-    RecoveryAction,
-    alarms_from_report,
-    choose_action,
-    describe,
-    worst_level,
-)
-from .residuals import Corrector, Residual, ResidualStore
+from .predict_phase import PhaseEnd, PredictPhase, PredictPhases, reference_level
+from .predictor import DeltaPredictor, resolve_predictor_name
+from .recovery import RecoveryAction, choose_action, describe
+from .residuals import Corrector, ResidualStore
 from .sharding import ShardGroup
-from .state import FORMAT_VERSION, describe_mismatch, describe_sharding_mismatch, parameter_fingerprint
+from .state import FORMAT_VERSION, describe_unloadable, parameter_fingerprint
+from .step import StepOutcome, StepPlan, StepRecord
 from .timing import PartTimer, clock_for
+from .wakefulness import Wakefulness
 from .watch import UpdateWatch
+
+__all__ = ["HybridEngine", "StepOutcome", "StepPlan", "StepRecord"]
 
 logger = logging.getLogger(__name__)
 
-# The sleeping engine wakes when its confidence reaches this share of the threshold.
-WAKE_AT = 0.75
 # The counters and bytes of `stats()` that go to the training log too.
 LOGGED_STATS = (
     "backward_run",
@@ -73,33 +63,6 @@ LOGGED_STATS = (
 )
 # FULL-step losses whose batch-to-batch noise a predict phase is judged against.
 REFERENCE_WINDOW = 17
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    phase: Phase
-    measure_loss: bool
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """What the caller measured in one optimizer step: the loss (averaged over ranks; None when a
-    predicted step measured nothing), the gradient norm (None in predicted steps) and the learning rate."""
-
-    loss: float | None
-    grad_norm: float | None
-    learning_rate: float
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    phase: Phase
-    loss: float | None
-    applied_update: bool
-    rolled_back: bool
-    level: DivergenceLevel
-    reasons: tuple[str, ...] = ()
-    action: RecoveryAction = RecoveryAction.CONTINUE
 
 
 class HybridEngine:
@@ -119,21 +82,18 @@ class HybridEngine:
         self.config = config or EngineConfig()
         if not params:
             raise ValueError("HybridEngine needs at least one trainable parameter; the model has none")
-        self.params = dict(params)
-        self.shards = ShardGroup.of(self.params)  # FSDP2's sharded DTensors, or none
-        self.probe = probe
-        # what the hybrid machinery costs, by part; the caller's hooks are charged to it too
-        self.timer = PartTimer(clock_for(self.params.values()))
-        s = self.config.schedule
-        self.controller = PhaseController(s)
-        self.bandit = HorizonBandit(
-            default_arms(s.min_predict_steps, s.max_predict_steps), seed=self.config.seed, exploration=0.3
-        )
         if predictor is not None and not isinstance(predictor, DeltaPredictor):
             raise TypeError(
                 f"`predictor` must be a DeltaPredictor instance, got {type(predictor).__qualname__}"
             )
+        self.params = dict(params)
+        self.shards = ShardGroup.of(self.params)  # FSDP2's sharded DTensors, or none
+        self.probe = probe
         self.optimizer = optimizer
+        # what the hybrid machinery costs, by part; the caller's hooks are charged to it too
+        self.timer = PartTimer(clock_for(self.params.values()))
+        s = self.schedule = self.config.schedule
+        self.controller = PhaseController(s)
         # `dormant_every=1` asks for an engine that watches every step in full: it never sleeps; nor does
         # a scripted one, whose predict phases open whatever the confidence (and need full-size guesses)
         self.watch = UpdateWatch(
@@ -150,16 +110,23 @@ class HybridEngine:
         self.monitor = DivergenceMonitor(sigma=self.config.divergence_sigma)
         self.store = ResidualStore()
         self.corrector = Corrector()
-        self.guard = ParameterGuard(self.params, self.config.snapshot_device, self.shards, self.timer)
         self.counters = StepCounters()
-        self.phase: PredictPhase | None = None
+        self.guard = ParameterGuard(
+            self.params, self.config.snapshot_device, self.shards, self.timer, self.counters
+        )
+        self.wakefulness = Wakefulness(self.config, self.watch, self.losses, self.store, self.timer)
+        self.learner = Learner(
+            self.watch, self.guard, self.store, self.corrector, self.shards, self.counters, self.timer
+        )
+        self.phases = PredictPhases(
+            self.config, self.controller, self.guard, self.counters, self.timer, probe
+        )
         self.plan: StepPlan | None = None
         self.steps_since_real = 0
         self.last_level = DivergenceLevel.NORMAL
-        self.last_predicted_loss: float | None = None
-        self.last_measured_loss: float | None = None
+        self.step_number = 0  # the caller's number of the current step (`begin_step`), for log lines
         self.max_confidence = 0.0  # highest confidence measured after warmup (the summary's "why not")
-        self.meter = MemoryMeter(self._tensors)
+        self.meter = MemoryMeter(self._tensors, lambda: (self.awake, self.guard.buffer_counts()))
 
     @property
     def predictor(self) -> DeltaPredictor:
@@ -172,55 +139,37 @@ class HybridEngine:
     @property
     def awake(self) -> bool:
         """False while the engine sleeps: buffers for a sample of the coordinates, no loss forecaster."""
-        return self.watch.awake
+        return self.wakefulness.awake
 
-    def _update_wakefulness(self) -> None:
-        """Sleep (sampled buffers, no loss forecaster) while the skill is unknown or far from the
-        threshold; wake (full-size buffers) when it nears it: at `WAKE_AT` of the threshold, and back to
-        sleep under half of it (the gap keeps a skill hovering near one bound from allocating and freeing
-        buffers at every step). Called at WARMUP/FULL steps, when no predict phase is open."""
-        if not self.watch.can_sleep:
-            return
-        s = self.config.schedule
-        sleepy = self._dormant() or (
-            not self.awake
-            and (len(self.store) < s.min_history or self.confidence() < WAKE_AT * s.confidence_threshold)
-        )
-        if sleepy == (not self.awake):
-            return
-        with self.timer.part("wake"):
-            self.watch.set_awake(not sleepy)
-            self.losses.set_awake(not sleepy)
-        self.last_predicted_loss = None
-        self.meter.changed = True
-        logger.info(
-            "hf_hybrid: step %d: confidence %.3f (threshold %.3f): the engine %s",
-            self.controller.steps_decided,
-            self.confidence(),
-            s.confidence_threshold,
-            "sleeps (sampled coordinates only)" if sleepy else "wakes (full-size buffers)",
-        )
+    @property
+    def phase(self) -> PredictPhase | None:
+        """The open predict phase (None between phases)."""
+        return self.phases.current
 
     # ---- per step -------------------------------------------------------------------------------
 
-    def begin_step(self) -> StepPlan:
-        """Decide the phase of the next optimizer step (call once per step, on every rank)."""
+    def begin_step(self, step_number: int | None = None) -> StepPlan:
+        """Decide the phase of the next optimizer step (call once per step, on every rank).
+
+        `step_number` is how the caller numbers this step in its log lines (a Trainer: its global step,
+        which carries on across a resume); by default the engine counts the steps it decided."""
         self.timer.start_step()
+        self.step_number = self.controller.steps_decided + 1 if step_number is None else step_number
         with self.timer.part("decide"):
             was_predicting = self.controller.in_predict_phase
             confidence = self.confidence()
-            if self.controller.steps_decided >= self.config.schedule.warmup_steps:
+            if self.controller.steps_decided >= self.schedule.warmup_steps:
                 self.max_confidence = max(self.max_confidence, confidence)
             # a phase opens only on full-size buffers: a sleeping engine whose confidence jumped past the
-            # threshold in one step runs this step in full and wakes at its end (`_update_wakefulness`)
+            # threshold in one step runs this step in full and wakes at its end (`Wakefulness.update`)
             decisive = confidence if self.awake else 0.0
-            phase = self.controller.decide(decisive, self.predictor.observed, self._choose_horizon)
+            phase = self.controller.decide(decisive, self.predictor.observed, self.phases.choose_horizon)
             if phase is Phase.PREDICT and not was_predicting:
-                self._open_phase()
+                self.phases.open(self._reference_level)
             with self.timer.part("loss_forecaster"):
-                self.last_predicted_loss = _finite_or_none(self.losses.next_loss())
+                self.losses.forecast()
             measure = phase.runs_backward or self._is_checked_predict_step()
-            self.plan = StepPlan(phase, measure)
+            self.plan = StepPlan(phase, measure, None if measure else self.losses.measured)
             self.counters.add(f"steps_{phase.value}")
         return self.plan
 
@@ -244,11 +193,10 @@ class HybridEngine:
             if plan.phase.runs_backward:
                 outcome = self._real_step(plan.phase, record, plain_optimizer_step, skip_nonfinite_step)
             else:
-                loss = record.loss if plan.measure_loss else None
-                outcome = self._predict_step(loss, record.learning_rate)
-            if self.meter.changed or not plan.phase.runs_backward or self.predictor.observed <= 2:
-                # buffers appear at a wake-up, a phase's snapshot, a predicted write, a predictor's first
-                # updates
+                outcome = self._predict_step(record.loss if plan.measure_loss else None, record.learning_rate)
+            # buffers come and go (a wake-up, a snapshot) or grow (a predicted write, a predictor's first
+            # updates): count them again then only
+            if self.meter.due() or not plan.phase.runs_backward or self.predictor.observed <= 2:
                 with self.timer.part("memory"):
                     self.meter.update()
         self.timer.end_step()
@@ -264,268 +212,104 @@ class HybridEngine:
         alarms: list[Alarm] = []
         if phase is Phase.CORRECT and self.phase is not None:
             with self.timer.part("decide"):
-                alarms += self._validate_phase(loss)
-        finite = loss is not None and math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm))
+                verdict = self.phases.verdict(loss, self.config.divergence_sigma)
+            if verdict is not None:
+                alarms.append(verdict)
+        unusable = nonfinite_step(loss, grad_norm)
+        finite = unusable is None
         if not finite:
             self.counters.add("nonfinite_real_steps")
-            alarms.append(Alarm(DivergenceLevel.CRITICAL, f"{NONFINITE_STEP} ({loss}, {grad_norm})"))
+            alarms.append(unusable)
         with self.timer.part("monitor"):
-            report = self.monitor.check(loss, grad_norm, self._forecast_error(loss) if finite else None)
-        alarms += alarms_from_report(report)
+            alarms += self.monitor.check(
+                loss, grad_norm, self.losses.forecast_error(loss) if finite else None
+            )
         steps_ahead, self.steps_since_real = self.steps_since_real + 1, 0
         if not finite:  # the gradient is unusable: the step is not applied
             if not skip_nonfinite:  # a GradScaler must still see it (it skips non-finite steps itself)
-                optimizer_step()
-                self.guard.forget_compensation()
-                with self.timer.part("real_update"):
-                    self.watch.take()
+                self.learner.real_update(optimizer_step)
             return self._outcome(phase, loss, False, alarms, self._recover(alarms, phase))
-        # A finite step always reaches the optimizer, as in the plain Trainer; a rollback decided below
-        # then restores the snapshot, so a rolled-back step ends exactly where its phase began.
-        residual = self._observe_real_step(phase, record, optimizer_step, steps_ahead, alarms)
-        with self.timer.part("loss_forecaster"):
-            self.losses.observe(loss, record.learning_rate, grad_norm, phase.index)
-        self.last_measured_loss = loss
-        action = self._recover(alarms, phase)
-        if phase is Phase.CORRECT and self.phase is not None:
-            if self.controller.predict_remaining > 0:
-                # intermediate CORRECT: the validated state is the new rollback point
-                with self.timer.part("snapshot"):
-                    self.guard.take_snapshot()
-                self.meter.changed = True
-            else:
-                skill = 0.0 if residual is None else residual.skill(self.corrector.scale)
-                # a phase validated under a CAUTION keeps the halved cap instead of widening it again
-                self._end_phase(PhaseEnd.COMPLETED, skill, widen=action is not RecoveryAction.SHORTEN_HORIZON)
-        return self._outcome(phase, loss, True, alarms, action)
-
-    def _observe_real_step(
-        self,
-        phase: Phase,
-        record: StepRecord,
-        optimizer_step: Callable[[], None],
-        steps_ahead: int,
-        alarms: list[Alarm],
-    ) -> Residual | None:
-        """The optimizer step itself, and what the engine learns from it: the real update, and the
-        score of its own guess of that update. Returns the residual (None when not scored)."""
         if phase is not Phase.CORRECT:
             with self.timer.part("decide"):
-                self._update_wakefulness()
-        sparse = (phase is Phase.FULL and self._dormant()) or (phase is Phase.WARMUP and self._early_warmup())
-        if sparse and self.watch.sampled_updates.unobserved_steps + 1 < self.config.dormant_every:
-            optimizer_step()
-            self.guard.forget_compensation()
-            self.watch.skip()
-            return None
-        scored = phase is not Phase.WARMUP  # warmup only observes: no prediction to score, no cost
-        predicted, failure = self._guess(steps_ahead, sampled=True) if scored else (None, None)
-        if failure is not None and self.phase is not None and self.controller.predict_remaining > 0:
-            # the phase would go on predicting with a predictor that was just reset
-            alarms.append(Alarm(DivergenceLevel.WARNING, failure, blames_weights=False))
-        optimizer_step()
-        self.guard.forget_compensation()
-        with self.timer.part("real_update"):
-            sampled, whole = self.watch.take()
-        residual = None
-        if scored:  # on the sampled coordinates: sums over the whole sample, all ranks' parts added
-            with self.timer.part("score"):
-                pd, pp, dd = self.shards.sum(delta_dot_products(predicted, sampled))
-            if not (math.isfinite(pd) and math.isfinite(pp)):
-                logger.warning(
-                    "hf_hybrid: predictor %r produced a non-finite guess; reset it", self.predictor_name
-                )
-                self.counters.add("refused_updates")
-                self.watch.reset()
-                pd = pp = 0.0
-            residual = Residual(
-                self.controller.steps_decided,
-                phase.value,
-                steps_ahead,
-                pd,
-                pp,
-                dd,
-                record.loss,
-                self.last_predicted_loss,
-            )
-            with self.timer.part("residuals"):
-                self.store.add(residual)
-                self.corrector.update(residual)
-        with self.timer.part("observe"):
-            self.watch.observe(sampled, whole)
-        return residual
-
-    def _validate_phase(self, loss: float | None) -> list[Alarm]:
-        """The CORRECT step's verdict on the predicted updates since the last validated point: with a
-        probe, did its loss fall; otherwise did the training loss regress past the noise."""
-        probed = self.probe is not None and self.phase.probe_before is not None
-        probe_after = self._probe() if probed and loss is not None and math.isfinite(loss) else None
-        failure = self.phase.verdict(loss, probe_after, self.config.divergence_sigma)
-        return [] if failure is None else [Alarm(DivergenceLevel.WARNING, failure)]
+                self.wakefulness.update(self.confidence, self.step_number)
+        # A finite step always reaches the optimizer, as in the plain Trainer; a rollback decided below
+        # then restores the snapshot, so a rolled-back step ends exactly where its phase began.
+        look = not self.wakefulness.skips_look(phase, self.controller.steps_decided, self.confidence)
+        step, losses = self.controller.steps_decided, (loss, self.losses.predicted)
+        residual, alarm = self.learner.learn(optimizer_step, look, phase, step, steps_ahead, losses)
+        if alarm is not None and self.phase is not None and self.controller.predict_remaining > 0:
+            alarms.append(alarm)  # the phase would go on predicting with a predictor that was just reset
+        with self.timer.part("loss_forecaster"):
+            self.losses.measure(loss, record.learning_rate, grad_norm, phase.index)
+        action = self._recover(alarms, phase)
+        if phase is Phase.CORRECT and self.phase is not None:
+            skill = 0.0 if residual is None else residual.skill(self.corrector.scale)
+            # a phase validated under a CAUTION keeps the halved cap instead of widening it again
+            self.phases.validated(skill, widen=action is not RecoveryAction.SHORTEN_HORIZON)
+        return self._outcome(phase, loss, True, alarms, action)
 
     # ---- predicted steps ------------------------------------------------------------------------
 
     def _predict_step(self, loss: float | None, lr: float) -> StepOutcome:
         self.counters.add("backward_skipped")
         self.counters.add("predict_checked" if loss is not None else "predict_blind")
-        self.phase.record_predicted(loss)
+        self.phases.record_predicted(loss)
         alarms: list[Alarm] = []
         if loss is not None:
             with self.timer.part("monitor"):
-                alarms += alarms_from_report(self.monitor.check(loss, None, self._forecast_error(loss)))
-            self.last_measured_loss = loss
-            if math.isfinite(loss):
-                with self.timer.part("loss_forecaster"):
-                    self.losses.observe(loss, lr, None, Phase.PREDICT.index)
+                alarms += self.monitor.check(loss, None, self.losses.forecast_error(loss))
+            with self.timer.part("loss_forecaster"):
+                self.losses.measure(loss, lr, None, Phase.PREDICT.index)
         if worst_level(alarms) >= DivergenceLevel.WARNING:  # the weights look bad already: apply nothing more
             return self._outcome(Phase.PREDICT, loss, False, alarms, self._recover(alarms, Phase.PREDICT))
         self.steps_since_real += 1
-        predicted, failure = self._guess(self.steps_since_real)
-        applied = False
-        if failure is not None:
-            alarms.append(Alarm(DivergenceLevel.CRITICAL, failure))
-            self.counters.add("refused_updates")
-        elif predicted is not None:
-            with self.timer.part("guard"):
-                result, deltas = self.guard.apply(predicted, self.config.max_delta, self.corrector.scale)
-            if result.applied:
-                self.counters.add("clipped_tensors", result.clipped_tensors)
-                with self.timer.part("real_update"):
-                    self.watch.shift(deltas)
-                applied = True
-            else:
-                alarms.append(Alarm(DivergenceLevel.CRITICAL, result.reason))
-                self.counters.add("refused_updates")
-                self.watch.reset()
+        applied, alarm = self.learner.write_guess(self.steps_since_real, self.config.max_delta)
+        if alarm is not None:
+            alarms.append(alarm)
         return self._outcome(Phase.PREDICT, loss, applied, alarms, self._recover(alarms, Phase.PREDICT))
-
-    def _guess(self, steps_ahead: int, sampled: bool = False) -> tuple[Deltas | None, str | None]:
-        """The full-size guess a predict step applies, or (`sampled`) the one at the sample, to score."""
-        with self.timer.part("guess"):
-            ask = self.watch.sampled_guess if sampled else self.watch.guess
-            predicted, failure = ask(steps_ahead)
-        if failure is not None:
-            self.counters.add("predictor_errors")
-        return predicted, failure
 
     # ---- recovery: the one place that acts on what went wrong -----------------------------------
 
-    def _action_for(self, alarms: list[Alarm]) -> RecoveryAction:
-        can_roll_back = self.config.rollback and self.guard.has_snapshot
-        return choose_action(alarms, phase_open=self.phase is not None, can_roll_back=can_roll_back)
-
     def _recover(self, alarms: list[Alarm], step_phase: Phase) -> RecoveryAction:
-        """Perform the action the step's alarms call for, and log exactly that."""
+        """Perform the action the step's alarms call for (`recovery.choose_action`), and log exactly that."""
         with self.timer.part("recovery"):
-            action = self._action_for(alarms)
-            self.last_level = worst_level(alarms)
             phase_was_open = self.phase is not None
+            can_roll_back = self.config.rollback and self.guard.has_snapshot
+            action = choose_action(alarms, phase_open=phase_was_open, can_roll_back=can_roll_back)
+            self.last_level = worst_level(alarms)
             if action is RecoveryAction.ROLLBACK:
-                self._restore_snapshot()
-                self._end_phase(PhaseEnd.ROLLED_BACK, 0.0)
+                with self.timer.part("snapshot"):
+                    self.watch.reset_to(self.guard.restore_snapshot())
+                self.corrector.penalize()
+                self.counters.add("rollbacks")
+                self.phases.end(PhaseEnd.ROLLED_BACK)
                 self._force_full()
             elif action is RecoveryAction.FORCE_FULL:
                 if self.phase is not None:
-                    self._end_phase(PhaseEnd.ABANDONED, 0.0)
+                    self.phases.end(PhaseEnd.ABANDONED)
                 self._force_full()
             elif action is RecoveryAction.SHORTEN_HORIZON:
                 self.controller.shorten()
             if action is not RecoveryAction.CONTINUE:
-                text, notable = describe(action, alarms, self.config.schedule.full_steps, phase_was_open)
-                step = self.controller.steps_decided
+                text, notable = describe(action, alarms, self.schedule.full_steps, phase_was_open)
                 (logger.warning if notable else logger.info)(
                     "hf_hybrid: step %d (%s): %s: %s",
-                    step,
+                    self.step_number,
                     step_phase.value,
                     action.value,
                     text,
-                    extra={"hybrid_action": action.value, "hybrid_step": step},
+                    extra={"hybrid_action": action.value, "hybrid_step": self.step_number},
                 )
         return action
 
-    def _restore_snapshot(self) -> None:
-        with self.timer.part("snapshot"):
-            self.guard.restore_snapshot()
-            self.watch.reset_to(self.guard.snapshot)
-        self.corrector.penalize()
-        self.counters.add("rollbacks")
-
     def _force_full(self) -> None:
         self.counters.add("forced_full")
-        self.controller.force_full(self.config.schedule.full_steps)
+        self.controller.force_full(self.schedule.full_steps)
 
-    # ---- predict-phase bookkeeping --------------------------------------------------------------
-
-    def _choose_horizon(self, cap: int) -> int:
-        s = self.config.schedule
-        return self.bandit.select(cap) if self.config.use_bandit else min(cap, s.max_predict_steps)
-
-    def _open_phase(self) -> None:
-        with self.timer.part("snapshot"):
-            self.guard.take_snapshot()
-        self.meter.changed = True
-        forecaster = self.losses.forecaster
-        forecast = None
-        if forecaster is not None and forecaster.num_observed:
-            forecast = lambda: forecaster.forecast(1).mean[0]  # noqa: E731 - only run when enough losses
+    def _reference_level(self) -> tuple[float, float]:
+        """What a phase opening now is judged against (see `reference_level`), or the monitor's stats."""
         full = [r.loss_actual for r in self.store.recent(REFERENCE_WINDOW, phase="full")]
-        with self.timer.part("loss_forecaster"):
-            mean, std = reference_level(forecast, full) or self.monitor.loss_stats()
-        self.phase = PredictPhase(
-            opened_at=self.controller.steps_decided,
-            horizon=self.controller.horizon,
-            reference_loss=mean,
-            reference_noise=std,
-            probe_before=self._probe(),
-        )
-        self.counters.add("predict_phases")
-
-    def _end_phase(self, how: PhaseEnd, skill: float, widen: bool = True) -> None:
-        """Close the open phase: reward the bandit, let the controller narrow (failed) or widen (`widen`)
-        later horizons, free the snapshot."""
-        phase, self.phase = self.phase, None
-        failed = how is not PhaseEnd.COMPLETED
-        self.meter.changed = True  # the snapshot is freed
-        if self.config.use_bandit and phase.horizon in self.bandit.arms:
-            self.bandit.update(
-                phase.horizon, phase_reward(phase.predicted, self.config.schedule.full_steps, failed, skill)
-            )
-        self.controller.end_phase(failed, widen)
-        self.guard.drop_snapshot()
-
-    def _forecast_error(self, loss: float | None) -> float | None:
-        """Signed (actual - forecast): the monitor scores it one-sided, so a better loss never alarms."""
-        if loss is None or self.last_predicted_loss is None or not math.isfinite(loss):
-            return None
-        return loss - self.last_predicted_loss
-
-    def _probe(self) -> float | None:
-        if self.probe is None:
-            return None
-        self.counters.add("probe_evaluations")
-        with self.timer.part("probe"):  # forwards the plain step does not run: the method's own cost
-            value = float(self.probe())
-        return value if math.isfinite(value) else math.inf
-
-    def _early_warmup(self) -> bool:
-        """Warmup only feeds the predictor; its dense history is needed just before the first phase."""
-        remaining = self.config.schedule.warmup_steps - self.controller.steps_decided
-        return remaining > 2 * self.config.schedule.min_history
-
-    def _dormant(self) -> bool:
-        """Predictions have stayed far from useful: watch the real updates only every n-th step.
-
-        Observing costs several passes over every trainable parameter per step (~15% of a CPU step when
-        fully fine-tuning a 22M-parameter model); while the measured confidence sits under half the
-        threshold, an averaged update every `dormant_every` steps keeps the predictor and its score alive
-        at a fraction of that. (A sleeping engine's observations cost far less: see `_update_wakefulness`.)
-        """
-        threshold = self.config.schedule.confidence_threshold
-        if self.config.dormant_every <= 1 or threshold <= 0:
-            return False
-        if len(self.store) < self.config.schedule.min_history:
-            return False
-        return self.confidence() < threshold / 2
+        return reference_level(self.losses.forecast_next, full) or self.monitor.loss_stats()
 
     def _is_checked_predict_step(self) -> bool:
         every = self.config.check_every
@@ -534,15 +318,7 @@ class HybridEngine:
     def _outcome(
         self, phase: Phase, loss: float | None, applied: bool, alarms: list[Alarm], action: RecoveryAction
     ) -> StepOutcome:
-        return StepOutcome(
-            phase,
-            loss,
-            applied,
-            action is RecoveryAction.ROLLBACK,
-            worst_level(alarms),
-            tuple(a.reason for a in alarms),
-            action,
-        )
+        return StepOutcome.of(phase, loss, applied, alarms, action, self.losses.predicted)
 
     # ---- what the outside sees ------------------------------------------------------------------
 
@@ -564,20 +340,19 @@ class HybridEngine:
         """The hybrid machinery's time against the step time, in all and by part (varies run to run)."""
         return self.timer.summary()
 
-    def compute_units(self) -> float:
-        """Forward-pass units spent: 3 per real step, 1 per checked predicted step, the probe's cost."""
-        return self.counters.compute_units(self.config.probe_cost)
-
     def stats(self) -> dict[str, Any]:
         """Counters and bytes (deterministic: a resumed run reports what the uninterrupted one does), the
-        highest confidence reached against the threshold, and the predictor's name."""
+        highest confidence reached against the threshold, the predictor's name, the phase and the warmup
+        steps left (None: a scripted engine, whose phases are replayed)."""
         return {
             **self.counters.summary(self.config.probe_cost),
             "predictor": self.predictor_name,
             "predictor_bytes": self.watch.predictor_bytes(),
             **self.meter.stats(),
             "max_confidence": self.max_confidence,
-            "confidence_threshold": self.config.schedule.confidence_threshold,
+            "confidence_threshold": self.schedule.confidence_threshold,
+            "phase": None if self.controller.phase is None else self.controller.phase.value,
+            "warmup_steps_left": self.controller.warmup_steps_left(),
         }
 
     def metrics(self) -> dict[str, float]:
@@ -594,46 +369,22 @@ class HybridEngine:
             **{f"steps_{phase}": float(n) for phase, n in stats["steps_per_phase"].items()},
             **self.losses.metrics(),
         }
-        if self.last_predicted_loss is not None:
-            out["predicted_loss"] = self.last_predicted_loss
-        if self.last_measured_loss is not None:
-            out["measured_loss"] = self.last_measured_loss
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
 
     def _tensors(self) -> list[torch.Tensor]:
-        return [
-            *self.watch.tensors(),
-            *self.guard.snapshot.values(),
-            *self.guard.compensation.values(),
-            *self.losses.tensors(),
-        ]
-
-    def memory(self) -> dict[str, int]:
-        """Bytes of the engine's own tensors now, by where they live (`device`: an accelerator; `host`)."""
-        return self.meter.measure()
+        return [*self.watch.tensors(), *self.guard.tensors(), *self.losses.tensors()]
 
     def nbytes(self) -> int:
-        """Bytes of the engine's tensors now (counted; `memory()` splits them by device)."""
-        return sum(self.memory().values())
+        """Bytes of the engine's tensors now (counted; `stats()` has them by device, as last counted)."""
+        return sum(self.meter.measure().values())
 
     # ---- checkpointing ---------------------------------------------------------------------------
 
     def _parts(self) -> dict[str, Any]:
-        """The components that checkpoint themselves, in the order they are restored."""
-        return {
-            "controller": self.controller,
-            "bandit": self.bandit,
-            "watch": self.watch,
-            "losses": self.losses,
-            "monitor": self.monitor,
-            "store": self.store,
-            "corrector": self.corrector,
-            "guard": self.guard,
-            "counters": self.counters,
-        }
-
-    def parameter_fingerprint(self) -> dict[str, list[int]]:
-        return parameter_fingerprint(self.params)
+        """The components that checkpoint themselves, by their key in the state, in the order they are
+        restored (the predict phases' are "bandit" and "phase")."""
+        names = ("controller", "watch", "losses", "monitor", "store", "corrector", "guard", "counters")
+        return {name: getattr(self, name) for name in names}
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly, mid-phase included (tensors and plain values).
@@ -646,13 +397,13 @@ class HybridEngine:
         return {
             "format_version": FORMAT_VERSION,
             "config": self.config.fingerprint(),
-            "parameters": self.parameter_fingerprint(),
+            "parameters": parameter_fingerprint(self.params),
             **{name: part.state_dict() for name, part in self._parts().items()},
-            "phase": None if self.phase is None else self.phase.state_dict(),
+            **self.phases.state_dict(),
             "steps_since_real": self.steps_since_real,
             "last_level": int(self.last_level),
-            "last_predicted_loss": self.last_predicted_loss,
-            "last_measured_loss": self.last_measured_loss,
+            "last_predicted_loss": self.losses.predicted,
+            "last_measured_loss": self.losses.measured,
             "max_confidence": self.max_confidence,
             "seconds": self.seconds,
             "timing": self.timer.state_dict(),
@@ -674,28 +425,16 @@ class HybridEngine:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a saved engine; refuses a state that belongs to another configuration or model."""
-        version = state.get("format_version")
-        if version != FORMAT_VERSION:
-            raise ValueError(
-                f"hybrid state format version {version!r} is not supported by this hf_hybrid "
-                f"(supports {FORMAT_VERSION}); upgrade hf_hybrid or start the engine fresh"
-            )
-        problem = describe_sharding_mismatch(state.get("sharding"), self.shards.describe())
-        problem = problem or describe_mismatch(state["config"], state["parameters"], self.config, self.params)
+        problem = describe_unloadable(state, self.config, self.params, self.shards.describe())
         if problem:
             raise ValueError(problem)
         for name, part in self._parts().items():
             part.load_state_dict(state[name])
-        self.phase = None if state["phase"] is None else PredictPhase.from_state(state["phase"])
+        self.phases.load_state_dict(state)
         self.steps_since_real = int(state["steps_since_real"])
         self.last_level = DivergenceLevel(int(state["last_level"]))
-        self.last_predicted_loss = state["last_predicted_loss"]
-        self.last_measured_loss = state["last_measured_loss"]
+        self.losses.restore_last(state["last_predicted_loss"], state["last_measured_loss"])
         self.max_confidence = float(state["max_confidence"])
         self._load_timing(state)
         self.meter.load_state_dict(state["peak_memory"])
         self.plan = None
-
-
-def _finite_or_none(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None

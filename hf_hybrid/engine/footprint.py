@@ -1,14 +1,15 @@
 """The engine's own tensor bytes, by where they live, now and at their largest.
 
 Counting walks every buffer the engine holds, so it is done only after a step that may have changed
-them (a wake-up, a phase's snapshot, a predicted write, a predictor's first updates): the engine marks
-those, and `hybrid_stats()` reads the last count. The peak travels with the checkpoint, so a resumed
-run reports what the uninterrupted one does.
+them: when the layout (which buffers exist: awake or asleep, a snapshot, carried rounding errors)
+differs from the last count's, or when the engine forces it (a predicted write, a predictor's first
+updates); `hybrid_stats()` reads the last count. The peak travels with the checkpoint, so a resumed run
+reports what the uninterrupted one does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 
 import torch
 
@@ -16,11 +17,15 @@ import torch
 class MemoryMeter:
     """`current`/`peak`: {"device": bytes on an accelerator, "host": bytes in host memory}."""
 
-    def __init__(self, tensors: Callable[[], Iterable[torch.Tensor]]) -> None:
+    def __init__(
+        self, tensors: Callable[[], Iterable[torch.Tensor]], layout: Callable[[], Hashable] | None = None
+    ) -> None:
+        """`layout()`: a cheap summary of which buffers exist; a count is due when it changes."""
         self._tensors = tensors
+        self._layout = layout or (lambda: None)
+        self._counted = layout()
         self.current = self.measure()
         self.peak = dict(self.current)
-        self.changed = False
 
     def measure(self) -> dict[str, int]:
         out = {"device": 0, "host": 0}
@@ -28,11 +33,15 @@ class MemoryMeter:
             out["host" if t.device.type == "cpu" else "device"] += t.numel() * t.element_size()
         return out
 
+    def due(self) -> bool:
+        """Have buffers come or gone since the last count?"""
+        return self._layout() != self._counted
+
     def update(self) -> None:
-        """Count again (after a step marked `changed`, or whenever asked)."""
+        """Count again (when `due`, or whenever asked)."""
+        self._counted = self._layout()
         self.current = self.measure()
         self.peak = {kind: max(self.peak[kind], n) for kind, n in self.current.items()}
-        self.changed = False
 
     def stats(self) -> dict[str, int]:
         return {
@@ -53,4 +62,5 @@ class MemoryMeter:
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         self.peak = {kind: int(n) for kind, n in state.items()}
+        self._counted = self._layout()
         self.current = self.measure()

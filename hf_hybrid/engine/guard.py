@@ -14,19 +14,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 
+from .accounting import StepCounters
+from .alarm import Alarm, DivergenceLevel
 from .sharding import ShardGroup, local
 from .timing import PartTimer
 
-
-@dataclass(frozen=True)
-class ApplyResult:
-    applied: bool
-    clipped_tensors: int = 0
-    reason: str = ""
+Applied = tuple[Alarm | None, dict[str, torch.Tensor]]  # (why it was refused, or None; the deltas written)
 
 
 def clip_to_trust_region(
@@ -81,13 +77,16 @@ class ParameterGuard:
         snapshot_device: str = "same",
         shards: ShardGroup | None = None,
         timer: PartTimer | None = None,
+        counters: StepCounters | None = None,
     ) -> None:
-        """`timer`: the engine's, where the trust region's clipping is charged apart from the rest."""
+        """`timer`: the engine's, where the trust region's clipping is charged apart from the rest;
+        `counters`: the engine's, where the tensors the trust region clipped are counted."""
         if snapshot_device not in ("same", "cpu"):
             raise ValueError(f"`snapshot_device` must be 'same' or 'cpu', got {snapshot_device!r}")
         self.params = dict(params)
         self.shards = shards or ShardGroup()
         self.timer = timer or PartTimer()
+        self.counters = counters if counters is not None else StepCounters()
         self.snapshot_device = snapshot_device
         self.snapshot: dict[str, torch.Tensor] = {}
         self.compensation: dict[str, torch.Tensor] = {}
@@ -108,29 +107,30 @@ class ParameterGuard:
             buf.copy_(p.detach())
 
     @torch.no_grad()
-    def restore_snapshot(self) -> None:
-        """Put the parameters back exactly as they were at the snapshot."""
+    def restore_snapshot(self) -> Mapping[str, torch.Tensor]:
+        """Put the parameters back exactly as they were at the snapshot; returns the snapshot (what the
+        parameters' local values are now)."""
         if not self.snapshot:
             raise RuntimeError("restore_snapshot() called with no snapshot taken")
         for name, p in self.params.items():
             local(p).copy_(self.snapshot[name])
         self.compensation.clear()
+        return self.snapshot
 
     def drop_snapshot(self) -> None:
         """Free the snapshot memory between predict phases."""
         self.snapshot.clear()
 
     @torch.no_grad()
-    def apply(
-        self, deltas: Mapping[str, torch.Tensor], max_delta: float, scale: float = 1.0
-    ) -> tuple[ApplyResult, dict[str, torch.Tensor]]:
+    def apply(self, deltas: Mapping[str, torch.Tensor], max_delta: float, scale: float = 1.0) -> Applied:
         """Apply predicted deltas, times `scale`, within the trust region, or nothing at all.
 
-        Returns the result and the deltas actually applied (after clipping), for the residuals.
+        Returns (None, the deltas actually applied after clipping, for the update watch), or, refused,
+        (a CRITICAL alarm that says why, {}): the weights are as they were.
         """
         unknown = set(deltas) - set(self.params)
         if unknown:
-            return ApplyResult(False, reason=f"delta for unknown parameters {sorted(unknown)[:3]}"), {}
+            return _refused(f"delta for unknown parameters {sorted(unknown)[:3]}")
         if self.shards.sharded:
             return self._apply_sharded(deltas, max_delta, scale)
         clipped_count = 0
@@ -138,18 +138,16 @@ class ParameterGuard:
         for name, delta in deltas.items():
             p = self.params[name]
             if delta.shape != p.shape:
-                return ApplyResult(
-                    False, reason=f"delta shape {tuple(delta.shape)} != {tuple(p.shape)} for {name}"
-                ), {}
+                return _refused(f"delta shape {tuple(delta.shape)} != {tuple(p.shape)} for {name}")
             delta = delta.to(device=p.device, dtype=torch.float32) * scale
             peak = _peak(delta)
             if not math.isfinite(peak):
-                return ApplyResult(False, reason=f"non-finite predicted delta for {name}"), {}
+                return _refused(f"non-finite predicted delta for {name}")
             with self.timer.part("trust_region"):
                 delta, clipped, theta_norm = _clip(delta, p.detach().float(), max_delta, peak)
             clipped_count += int(clipped)
             if not self._stays_finite(name, p, delta, theta_norm):
-                return ApplyResult(False, reason=f"update would make {name} non-finite"), {}
+                return _refused(f"update would make {name} non-finite")
             final[name] = delta
         for name, delta in final.items():
             p = self.params[name]
@@ -159,7 +157,8 @@ class ParameterGuard:
             target = self._target(name, p, delta)
             p.copy_(target)
             self.compensation[name] = target - p.float()
-        return ApplyResult(True, clipped_tensors=clipped_count), final
+        self.counters.add("clipped_tensors", clipped_count)
+        return None, final
 
     def _stays_finite(self, name: str, p: torch.Tensor, delta: torch.Tensor, theta_norm: float) -> bool:
         """Would writing `delta` keep `p` finite? A clipped delta moves no element by more than
@@ -170,9 +169,7 @@ class ParameterGuard:
             return True
         return bool(torch.isfinite(self._target(name, p, delta).to(p.dtype)).all())
 
-    def _apply_sharded(
-        self, deltas: Mapping[str, torch.Tensor], max_delta: float, scale: float
-    ) -> tuple[ApplyResult, dict[str, torch.Tensor]]:
+    def _apply_sharded(self, deltas: Mapping[str, torch.Tensor], max_delta: float, scale: float) -> Applied:
         """`apply` on this rank's shards, with `clip_to_trust_region`'s caps taken over whole tensors.
 
         Three all-reduces, each batched over all tensors (each needs the one before: the element cap
@@ -197,9 +194,9 @@ class ParameterGuard:
         theta_sq, wrong_any, nonfinite_any = stage[:k], stage[k : 2 * k], stage[2 * k :]
         for name, bad_shape, bad_value in zip(names, wrong_any, nonfinite_any, strict=True):
             if bad_shape:
-                return ApplyResult(False, reason=f"delta shape does not match the shard of {name}"), {}
+                return _refused(f"delta shape does not match the shard of {name}")
             if bad_value:
-                return ApplyResult(False, reason=f"non-finite predicted delta for {name}"), {}
+                return _refused(f"non-finite predicted delta for {name}")
         clipped: dict[str, torch.Tensor] = {}
         with self.timer.part("trust_region"):
             for name, sq in zip(names, theta_sq, strict=True):
@@ -222,13 +219,14 @@ class ParameterGuard:
         )
         for name, bad in zip(names, nonfinite, strict=True):
             if bad:
-                return ApplyResult(False, reason=f"update would make {name} non-finite"), {}
+                return _refused(f"update would make {name} non-finite")
         for name in names:
             p, target = shards[name], targets[name]
             p.copy_(target)
             if p.dtype != torch.float32:
                 self.compensation[name] = target - p.float()
-        return ApplyResult(True, clipped_tensors=clipped_count), clipped
+        self.counters.add("clipped_tensors", clipped_count)
+        return None, clipped
 
     def _target(self, name: str, p: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
         """The fp32 value the parameter should take, with the carried rounding error of its last write."""
@@ -241,6 +239,14 @@ class ParameterGuard:
     def forget_compensation(self) -> None:
         """A real optimizer step rewrote the parameters; old rounding errors no longer apply."""
         self.compensation.clear()
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The snapshot's and the carried rounding errors' buffers."""
+        return [*self.snapshot.values(), *self.compensation.values()]
+
+    def buffer_counts(self) -> tuple[int, int]:
+        """How many snapshot and compensation buffers exist (what changes when buffers come or go)."""
+        return len(self.snapshot), len(self.compensation)
 
     def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
         return {"snapshot": dict(self.snapshot), "compensation": dict(self.compensation)}
@@ -262,6 +268,8 @@ class ParameterGuard:
         }
 
     def nbytes(self) -> int:
-        return sum(
-            t.numel() * t.element_size() for t in (*self.snapshot.values(), *self.compensation.values())
-        )
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+
+def _refused(reason: str) -> Applied:
+    return Alarm(DivergenceLevel.CRITICAL, reason), {}

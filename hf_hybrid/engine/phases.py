@@ -188,6 +188,12 @@ class PhaseController:
         """After a phase that went well, let the cap grow back towards the maximum."""
         self.horizon_cap = min(self.schedule.max_predict_steps, self.horizon_cap * 2)
 
+    def warmup_steps_left(self) -> int | None:
+        """Steps until the warmup ends (None: a scripted controller, whose phases are replayed)."""
+        if self.schedule.script is not None:
+            return None
+        return max(0, self.schedule.warmup_steps - self.steps_decided)
+
     def metrics(self) -> dict[str, float]:
         """The current phase (its code, `Phase.index`; 0 before the first step) and horizons."""
         return {

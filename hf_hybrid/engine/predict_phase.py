@@ -1,17 +1,28 @@
-"""One predict phase: from the step that opens it to the step that closes it, and how it ended.
+"""Predict phases: from the step that opens one to the step that closes it, and how it ended.
 
-The engine opens a `PredictPhase` when the controller enters PREDICT (after taking the rollback
-snapshot), records every predicted step in it, asks it at the CORRECT step whether the loss regressed,
-and closes it once, with a `PhaseEnd`.
+`PredictPhases` keeps their books for the engine: when the controller enters PREDICT it takes the
+rollback snapshot and opens a `PredictPhase`, with the loss level the phase must not regress from
+(`reference_level`) and the probe's reading; every predicted step is recorded in it; at each CORRECT
+step it gives its verdict (an `Alarm`, or None when the predicted updates held), and the validated
+state becomes the next rollback point; it closes once, with a `PhaseEnd`, which rewards the horizon it
+was given (the bandit) and lets the controller narrow or widen later ones.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
+
+from .accounting import StepCounters
+from .alarm import Alarm, DivergenceLevel
+from .bandit import HorizonBandit, default_arms, phase_reward
+from .config import EngineConfig
+from .guard import ParameterGuard
+from .phases import PhaseController
+from .timing import PartTimer
 
 
 class PhaseEnd(str, Enum):
@@ -44,18 +55,24 @@ class PredictPhase:
         if loss is not None:
             self.losses.append(loss)
 
-    def verdict(self, loss: float | None, probe_after: float | None, sigma: float) -> str | None:
-        """Why the predicted updates since the last validated point failed, or None if they held.
+    def verdict(self, loss: float | None, probe: Callable[[], float | None], sigma: float) -> Alarm | None:
+        """A WARNING when the predicted updates since the last validated point failed, None if they held.
 
-        With a probe reading (`probe_after`, taken at this CORRECT step) the probe's loss must have fallen
-        since `probe_before`, which then moves here (the next stretch of this phase starts from it);
-        without one, the training loss must not have regressed (`regressed`)."""
+        With a probe reading (`probe()`, taken at this CORRECT step when the phase has one to compare with
+        and the loss is finite) the probe's loss must have fallen since `probe_before`, which then moves
+        here (the next stretch of this phase starts from it); without one, the training loss must not have
+        regressed (`regressed`)."""
+        measured = self.probe_before is not None and loss is not None and math.isfinite(loss)
+        probe_after = probe() if measured else None
         if probe_after is not None and self.probe_before is not None:
             if not probe_after < self.probe_before:
-                return f"probe loss did not fall ({self.probe_before:.4f} -> {probe_after:.4f})"
+                why = f"probe loss did not fall ({self.probe_before:.4f} -> {probe_after:.4f})"
+                return Alarm(DivergenceLevel.WARNING, why)
             self.probe_before = probe_after
             return None
-        return "loss regressed over the predict phase" if self.regressed(loss, sigma) else None
+        if self.regressed(loss, sigma):
+            return Alarm(DivergenceLevel.WARNING, "loss regressed over the predict phase")
+        return None
 
     def regressed(self, loss: float | None, sigma: float) -> bool:
         """Did the loss over the phase (its checked steps + this CORRECT step's) rise past tolerance?
@@ -71,6 +88,10 @@ class PredictPhase:
         mean = sum(measured) / len(measured)
         return mean > self.reference_loss + sigma * self.reference_noise / math.sqrt(len(measured))
 
+    def reward(self, full_steps: int, how: PhaseEnd, skill: float) -> float:
+        """What the phase earns the horizon bandit's arm it was given (see `bandit.phase_reward`)."""
+        return phase_reward(self.predicted, full_steps, how is not PhaseEnd.COMPLETED, skill)
+
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -79,25 +100,111 @@ class PredictPhase:
         return cls(**{**state, "losses": [float(x) for x in state["losses"]]})
 
 
+class PredictPhases:
+    """The open phase (`current`, None between phases) with its snapshot and probe readings, and the
+    horizon bandit that learns which phase lengths pay."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        controller: PhaseController,
+        guard: ParameterGuard,
+        counters: StepCounters,
+        timer: PartTimer,
+        probe: Callable[[], float] | None = None,
+    ) -> None:
+        s = self.schedule = config.schedule
+        self.use_bandit = config.use_bandit
+        self.controller = controller
+        self.guard = guard
+        self.counters = counters
+        self.timer = timer
+        self._probe = probe
+        arms = default_arms(s.min_predict_steps, s.max_predict_steps)
+        self.bandit = HorizonBandit(arms, seed=config.seed, exploration=0.3)
+        self.current: PredictPhase | None = None
+
+    def choose_horizon(self, cap: int) -> int:
+        return self.bandit.select(cap) if self.use_bandit else min(cap, self.schedule.max_predict_steps)
+
+    def open(self, reference: Callable[[], tuple[float, float]]) -> None:
+        """Start the phase the controller just entered, from a snapshot of the weights; `reference()`
+        gives the loss level and noise it is judged against."""
+        with self.timer.part("snapshot"):
+            self.guard.take_snapshot()
+        with self.timer.part("loss_forecaster"):
+            mean, std = reference()
+        self.current = PredictPhase(
+            opened_at=self.controller.steps_decided,
+            horizon=self.controller.horizon,
+            reference_loss=mean,
+            reference_noise=std,
+            probe_before=self.probe(),
+        )
+        self.counters.add("predict_phases")
+
+    def record_predicted(self, loss: float | None) -> None:
+        self.current.record_predicted(loss)
+
+    def verdict(self, loss: float | None, sigma: float) -> Alarm | None:
+        """The CORRECT step's verdict on the predicted updates since the last validated point."""
+        return self.current.verdict(loss, self.probe, sigma)
+
+    def validated(self, skill: float, widen: bool) -> None:
+        """A CORRECT step held: its state is the next rollback point, or, at the phase's last, the phase
+        completed (`skill`: of its guess; `widen=False` keeps a cap a CAUTION halved)."""
+        if self.controller.predict_remaining > 0:
+            with self.timer.part("snapshot"):
+                self.guard.take_snapshot()
+        else:
+            self.end(PhaseEnd.COMPLETED, skill, widen)
+
+    def end(self, how: PhaseEnd, skill: float = 0.0, widen: bool = True) -> None:
+        """Close the open phase: reward the bandit, let the controller narrow (failed) or widen (`widen`)
+        later horizons, free the snapshot."""
+        phase, self.current = self.current, None
+        if self.use_bandit and phase.horizon in self.bandit.arms:
+            self.bandit.update(phase.horizon, phase.reward(self.schedule.full_steps, how, skill))
+        self.controller.end_phase(how is not PhaseEnd.COMPLETED, widen)
+        self.guard.drop_snapshot()
+
+    def probe(self) -> float | None:
+        """The probe's loss now (inf when not finite; None without a probe)."""
+        if self._probe is None:
+            return None
+        self.counters.add("probe_evaluations")
+        with self.timer.part("probe"):  # forwards the plain step does not run: the method's own cost
+            value = float(self._probe())
+        return value if math.isfinite(value) else math.inf
+
+    def state_dict(self) -> dict[str, Any]:
+        phase = None if self.current is None else self.current.state_dict()
+        return {"bandit": self.bandit.state_dict(), "phase": phase}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.bandit.load_state_dict(state["bandit"])
+        self.current = None if state["phase"] is None else PredictPhase.from_state(state["phase"])
+
+
 # Lower bound of the loss noise a predict phase is judged against, relative to the loss.
 REL_NOISE_FLOOR = 1e-3
 
 
 def reference_level(
-    forecast: Callable[[], float] | None, full_losses: list[float | None]
+    forecast: Callable[[], float | None], full_losses: list[float | None]
 ) -> tuple[float, float] | None:
     """Loss level a predict phase must not regress from (the loss forecaster's one-step `forecast()`) and
     the batch-to-batch noise of recent FULL-step losses (robust: median absolute change); None when there
-    is no forecast or fewer than 5 losses (the caller falls back to the monitor's running statistics).
+    are fewer than 5 losses or no forecast (the caller falls back to the monitor's running statistics).
 
     Not the monitor's running statistics first: on a falling loss their mean lags and their spread is
     mostly trend, and the forecaster's error grows with every spike it sees; with either, phases that
     raised the loss by 1.5 passed (tests/faults, a confidently wrong predictor).
     """
     full = [x for x in full_losses if x is not None and math.isfinite(x)]
-    if forecast is None or len(full) < 5:
+    mean = forecast() if len(full) >= 5 else None
+    if mean is None:
         return None
-    mean = forecast()
     changes = sorted(abs(b - a) for a, b in zip(full, full[1:], strict=False))
     # median |x_t - x_{t-1}| of Gaussian noise = 0.954 sigma
     std = max(changes[len(changes) // 2] / 0.954, REL_NOISE_FLOOR * abs(mean))

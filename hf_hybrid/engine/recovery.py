@@ -1,10 +1,10 @@
 """One recovery policy: from everything that went wrong in a step to the one action the engine performs.
 
-Every source of trouble — the divergence monitor's report, a predict phase that failed its validation,
-a predictor that raised, a predicted update the guard refused, a non-finite real step — becomes an
-`Alarm` (a level and a reason). `choose_action` maps the step's alarms to a single `RecoveryAction`;
-the engine performs exactly that action and logs exactly that action, so the log cannot disagree with
-what happened.
+Every source of trouble — the divergence monitor, a predict phase that failed its validation, a
+predictor that raised, a predicted update the guard refused, a non-finite real step — reports an
+`Alarm` (a level and a reason, `alarm.py`). `choose_action` maps the step's alarms to a single
+`RecoveryAction`; the engine performs exactly that action and logs exactly that action, so the log
+cannot disagree with what happened.
 
     no alarm / NORMAL            -> CONTINUE
     CAUTION                      -> SHORTEN_HORIZON (halve the rest of the phase and the horizon cap)
@@ -17,12 +17,11 @@ failed (without touching the weights) and trains FULL for the schedule's `full_s
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from enum import Enum
 
-from .divergence import DivergenceLevel, DivergenceReport
+from .alarm import NONFINITE_STEP, Alarm, DivergenceLevel, worst_level
 
-NONFINITE_STEP = "non-finite loss/grad norm"  # the reason of a real step that is not applied
+__all__ = ["NONFINITE_STEP", "Alarm", "RecoveryAction", "choose_action", "describe", "worst_level"]
 
 
 class RecoveryAction(str, Enum):
@@ -32,27 +31,6 @@ class RecoveryAction(str, Enum):
     SHORTEN_HORIZON = "shorten_horizon"
     FORCE_FULL = "force_full"
     ROLLBACK = "rollback"
-
-
-@dataclass(frozen=True)
-class Alarm:
-    """One thing that went wrong. `blames_weights=False` for failures that say nothing about the
-    parameters (a predictor that crashed while only being scored): they never cause a rollback."""
-
-    level: DivergenceLevel
-    reason: str
-    blames_weights: bool = True
-
-
-def alarms_from_report(report: DivergenceReport) -> list[Alarm]:
-    """The monitor's verdict as alarms (one per reason, all at the report's level)."""
-    if report.level is DivergenceLevel.NORMAL:
-        return []
-    return [Alarm(report.level, reason) for reason in report.reasons]
-
-
-def worst_level(alarms: Iterable[Alarm]) -> DivergenceLevel:
-    return max((a.level for a in alarms), default=DivergenceLevel.NORMAL)
 
 
 def choose_action(alarms: Iterable[Alarm], *, phase_open: bool, can_roll_back: bool) -> RecoveryAction:

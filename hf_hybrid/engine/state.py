@@ -94,6 +94,25 @@ def describe_sharding_mismatch(
     return None
 
 
+def describe_unloadable(
+    state: Mapping[str, Any],
+    config: EngineConfig,
+    params: Mapping[str, torch.Tensor],
+    sharding: Mapping[str, int] | None,
+) -> str | None:
+    """Why a saved engine state cannot be loaded into this engine (None: it can): another format
+    version, another sharding (`sharding`: this engine's, None unsharded), configuration or parameters."""
+    version = state.get("format_version")
+    if version != FORMAT_VERSION:
+        return (
+            f"hybrid state format version {version!r} is not supported by this hf_hybrid "
+            f"(supports {FORMAT_VERSION}); upgrade hf_hybrid or start the engine fresh"
+        )
+    return describe_sharding_mismatch(state.get("sharding"), sharding) or describe_mismatch(
+        state["config"], state["parameters"], config, params
+    )
+
+
 def describe_mismatch(
     saved_config: Mapping[str, Any],
     saved_parameters: Mapping[str, list[int]],

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from .alarm import Alarm, DivergenceLevel
 from .predictor import DeltaPredictor, Deltas, build_predictor, predictor_class
 from .sample import CoordinateSample
 from .sharding import ShardGroup, local
@@ -117,26 +118,28 @@ class UpdateWatch:
             return {name: (self.sample.count(name),) for name in self.params}
         return {name: tuple(local(p).shape) for name, p in self.params.items()}
 
-    def guess(self, steps_ahead: int) -> tuple[Deltas | None, str | None]:
-        """The full-size guess a PREDICT step applies: (guess, None), or (None, why) — see `_ask`."""
-        return self._ask(self.predictor, steps_ahead, sampled=not self.awake)
+    def guess(self, steps_ahead: int) -> tuple[Deltas | None, Alarm | None]:
+        """The full-size guess a PREDICT step applies, or (None, a CRITICAL alarm): see `_ask`."""
+        return self._ask(self.predictor, steps_ahead, sampled=not self.awake, scoring=False)
 
-    def sampled_guess(self, steps_ahead: int) -> tuple[Deltas | None, str | None]:
+    def sampled_guess(self, steps_ahead: int) -> tuple[Deltas | None, Alarm | None]:
         """The guess at the sampled coordinates, for scoring: the scorer's, or the full-size guess
-        gathered there."""
+        gathered there. Its alarm is a WARNING that blames no weights: nothing was applied."""
         if self.scorer is not None:
-            return self._ask(self.scorer, steps_ahead, sampled=True)
-        predicted, failure = self._ask(self._full, steps_ahead, sampled=False)
+            return self._ask(self.scorer, steps_ahead, sampled=True, scoring=True)
+        predicted, alarm = self._ask(self._full, steps_ahead, sampled=False, scoring=True)
         if predicted is not None:
             predicted = {name: self.sample.gather(name, t) for name, t in predicted.items()}
-        return predicted, failure
+        return predicted, alarm
 
     def _ask(
-        self, predictor: DeltaPredictor, steps_ahead: int, sampled: bool
-    ) -> tuple[Deltas | None, str | None]:
-        """(guess, None), or (None, why) for a predictor that raised or returned a tensor of another
-        shape than it should (which would crash or silently broadcast); the predictors are then reset.
-        Sharded, a failure on any rank is a failure on all (one all-reduce), so all take the same path."""
+        self, predictor: DeltaPredictor, steps_ahead: int, sampled: bool, scoring: bool
+    ) -> tuple[Deltas | None, Alarm | None]:
+        """(guess, None), or (None, an alarm) for a predictor that raised or returned a tensor of another
+        shape than it should (which would crash or silently broadcast); the predictors are then reset. A
+        guess to be applied that fails is CRITICAL; one only to be scored (`scoring`) says nothing about
+        the weights. Sharded, a failure on any rank is a failure on all (one all-reduce), so all take the
+        same path."""
         failure = None
         try:
             predicted = predictor.predict(steps_ahead)
@@ -146,9 +149,12 @@ class UpdateWatch:
             predicted, failure = None, f"the predictor failed ({type(exc).__name__})"
         if self.shards.any(failure is not None) and failure is None:
             predicted, failure = None, "the predictor failed on another rank"
-        if failure is not None:
-            self.reset()
-        return predicted, failure
+        if failure is None:
+            return predicted, None
+        self.reset()
+        if scoring:
+            return None, Alarm(DivergenceLevel.WARNING, failure, blames_weights=False)
+        return None, Alarm(DivergenceLevel.CRITICAL, failure)
 
     def reset(self) -> None:
         """Forget what the predictors learnt (their output was refused, or they raised)."""
@@ -160,6 +166,10 @@ class UpdateWatch:
         return [p for p in (self.scorer, self._full) if p is not None]
 
     # ---- the real updates --------------------------------------------------------------------------
+
+    def unobserved_steps(self) -> int:
+        """Real steps since the last `take()` that nobody looked at."""
+        return self.sampled_updates.unobserved_steps
 
     def skip(self) -> None:
         """A real step nobody looked at: the next `take()` averages over it."""

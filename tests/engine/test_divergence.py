@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
 
-from hf_hybrid.engine.divergence import DivergenceLevel, DivergenceMonitor, DivergenceReport
+from hf_hybrid.engine.alarm import worst_level
+from hf_hybrid.engine.divergence import DivergenceLevel, DivergenceMonitor
+
+
+@dataclass
+class Verdict:
+    """One check's alarms, as the tests read them: the worst level, the reasons, the scored signals."""
+
+    level: DivergenceLevel
+    reasons: list[str]
+    signals: dict[str, float]
+
+
+def _check(monitor: DivergenceMonitor, *args: object, **kwargs: object) -> Verdict:
+    alarms = monitor.check(*args, **kwargs)  # type: ignore[arg-type]
+    return Verdict(worst_level(alarms), [a.reason for a in alarms], dict(monitor.signals))
 
 
 def _smooth_loss(steps: int, seed: int, noise: float = 0.05) -> list[float]:
@@ -47,7 +63,7 @@ def test_smooth_decreasing_noisy_loss_stays_normal() -> None:
     losses = _smooth_loss(500, seed=0)
     assert len(losses) == 500
     for loss in losses:
-        report = monitor.check(loss, grad_norm=1.0)
+        report = _check(monitor, loss, grad_norm=1.0)
         assert report.level == DivergenceLevel.NORMAL, report
         assert report.reasons == []
 
@@ -58,7 +74,7 @@ def test_smooth_loss_never_warns_across_seeds() -> None:
     for seed in range(20):
         monitor = DivergenceMonitor()
         for loss in _smooth_loss(500, seed=seed):
-            level = monitor.check(loss).level
+            level = _check(monitor, loss).level
             assert level <= DivergenceLevel.CAUTION
             cautions += level == DivergenceLevel.CAUTION
     assert cautions < 0.005 * 20 * 500
@@ -78,7 +94,7 @@ def test_smooth_loss_never_warns_across_seeds() -> None:
 def test_loss_spike_levels(k: float, level: DivergenceLevel) -> None:
     monitor = _warm(DivergenceMonitor(sigma=3.0))
     mean, std = monitor.loss_stats()
-    report = monitor.check(mean + k * std)
+    report = _check(monitor, mean + k * std)
     assert report.level == level
     assert report.signals["loss_z"] == pytest.approx(k)
     if level > DivergenceLevel.NORMAL:
@@ -88,15 +104,15 @@ def test_loss_spike_levels(k: float, level: DivergenceLevel) -> None:
 def test_sigma_scales_thresholds() -> None:
     monitor = _warm(DivergenceMonitor(sigma=2.0))
     mean, std = monitor.loss_stats()
-    assert _copy(monitor).check(mean + 2.5 * std).level == DivergenceLevel.CAUTION
-    assert _copy(monitor).check(mean + 3.5 * std).level == DivergenceLevel.WARNING
-    assert _copy(monitor).check(mean + 4.5 * std).level == DivergenceLevel.CRITICAL
+    assert _check(_copy(monitor), mean + 2.5 * std).level == DivergenceLevel.CAUTION
+    assert _check(_copy(monitor), mean + 3.5 * std).level == DivergenceLevel.WARNING
+    assert _check(_copy(monitor), mean + 4.5 * std).level == DivergenceLevel.CRITICAL
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_non_finite_loss_is_critical_at_step_zero(bad: float) -> None:
     monitor = DivergenceMonitor()
-    report = monitor.check(bad)
+    report = _check(monitor, bad)
     assert report.level == DivergenceLevel.CRITICAL
     assert "non-finite" in report.reasons[0]
     assert math.isnan(monitor.loss_stats()[0])  # not folded into the statistics
@@ -104,25 +120,25 @@ def test_non_finite_loss_is_critical_at_step_zero(bad: float) -> None:
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
 def test_non_finite_grad_is_critical_at_step_zero(bad: float) -> None:
-    report = DivergenceMonitor().check(1.0, grad_norm=bad)
+    report = _check(DivergenceMonitor(), 1.0, grad_norm=bad)
     assert report.level == DivergenceLevel.CRITICAL
     assert report.signals["grad_ratio"] == math.inf
 
 
 def test_non_finite_prediction_error_is_a_warning() -> None:
-    report = DivergenceMonitor().check(1.0, prediction_error=math.nan)
+    report = _check(DivergenceMonitor(), 1.0, prediction_error=math.nan)
     assert report.level == DivergenceLevel.WARNING
 
 
 def test_only_non_finite_check_before_min_history() -> None:
     monitor = DivergenceMonitor(min_history=10)
     for _ in range(9):
-        monitor.check(1.0, grad_norm=1.0, prediction_error=0.01)
-    report = monitor.check(1000.0, grad_norm=1e6, prediction_error=50.0)
+        _check(monitor, 1.0, grad_norm=1.0, prediction_error=0.01)
+    report = _check(monitor, 1000.0, grad_norm=1e6, prediction_error=50.0)
     assert report.level == DivergenceLevel.NORMAL
     assert report.signals == {}
     # That step was folded in (it was below WARNING), so this is the 11th observation and gets scored.
-    assert "loss_z" in monitor.check(1.0).signals
+    assert "loss_z" in _check(monitor, 1.0).signals
 
 
 @pytest.mark.parametrize(
@@ -135,7 +151,7 @@ def test_only_non_finite_check_before_min_history() -> None:
 )
 def test_grad_spike(grad: float, level: DivergenceLevel) -> None:
     monitor = _warm(DivergenceMonitor(grad_spike_ratio=10.0))
-    report = monitor.check(None, grad_norm=grad)
+    report = _check(monitor, None, grad_norm=grad)
     assert report.level == level
     assert report.signals["grad_ratio"] == pytest.approx(grad / 2.0, rel=0.05)
     if level > DivergenceLevel.NORMAL:
@@ -144,7 +160,7 @@ def test_grad_spike(grad: float, level: DivergenceLevel) -> None:
 
 def test_prediction_error_spike() -> None:
     monitor = _warm(DivergenceMonitor())
-    report = monitor.check(1.0, prediction_error=1.0)
+    report = _check(monitor, 1.0, prediction_error=1.0)
     assert report.level == DivergenceLevel.CRITICAL
     assert report.signals["prediction_error_z"] > 6.0
     assert report.reasons[0].startswith("prediction error z-score")
@@ -154,7 +170,7 @@ def test_prediction_error_spike() -> None:
 def test_worst_signal_decides_and_all_reasons_listed() -> None:
     monitor = _warm(DivergenceMonitor())
     mean, std = monitor.loss_stats()
-    report = monitor.check(mean + 4.0 * std, grad_norm=2.0 * 50, prediction_error=0.05)
+    report = _check(monitor, mean + 4.0 * std, grad_norm=2.0 * 50, prediction_error=0.05)
     assert report.level == DivergenceLevel.WARNING
     assert len(report.reasons) == 2
 
@@ -163,31 +179,31 @@ def test_spikes_do_not_poison_statistics() -> None:
     monitor = _warm(DivergenceMonitor())
     before = monitor.state_dict()
     mean, std = monitor.loss_stats()
-    assert monitor.check(mean + 10 * std, grad_norm=2.0 * 200, prediction_error=5.0).level == (
+    assert _check(monitor, mean + 10 * std, grad_norm=2.0 * 200, prediction_error=5.0).level == (
         DivergenceLevel.CRITICAL
     )
-    assert monitor.check(mean + 5 * std).level == DivergenceLevel.WARNING
+    assert _check(monitor, mean + 5 * std).level == DivergenceLevel.WARNING
     after = monitor.state_dict()
     assert after.pop("alarm_streak") == 2
     before.pop("alarm_streak")
     assert after == before
-    report = monitor.check(mean, grad_norm=2.0, prediction_error=0.05)
+    report = _check(monitor, mean, grad_norm=2.0, prediction_error=0.05)
     assert report.level == DivergenceLevel.NORMAL
 
 
 def test_caution_steps_still_update_statistics() -> None:
     monitor = _warm(DivergenceMonitor())
     mean, std = monitor.loss_stats()
-    assert monitor.check(mean + 4 * std).level == DivergenceLevel.CAUTION
+    assert _check(monitor, mean + 4 * std).level == DivergenceLevel.CAUTION
     assert monitor.loss_stats()[0] > mean
 
 
 def test_loss_none_means_not_measured() -> None:
     monitor = _warm(DivergenceMonitor())
     stats = monitor.loss_stats()
-    report = monitor.check(None)
-    assert report == DivergenceReport(DivergenceLevel.NORMAL, {}, [])
-    report = monitor.check(None, grad_norm=2.1)
+    report = _check(monitor, None)
+    assert report == Verdict(DivergenceLevel.NORMAL, [], {})
+    report = _check(monitor, None, grad_norm=2.1)
     assert report.level == DivergenceLevel.NORMAL
     assert set(report.signals) == {"grad_ratio"}
     assert monitor.loss_stats() == stats
@@ -196,14 +212,14 @@ def test_loss_none_means_not_measured() -> None:
 def test_flat_loss_has_finite_z_scores() -> None:
     monitor = DivergenceMonitor()
     for _ in range(50):
-        assert monitor.check(2.0, grad_norm=1.0, prediction_error=0.0).level == DivergenceLevel.NORMAL
+        assert _check(monitor, 2.0, grad_norm=1.0, prediction_error=0.0).level == DivergenceLevel.NORMAL
     mean, std = monitor.loss_stats()
     assert mean == pytest.approx(2.0)
     assert 0.0 < std < 0.1
-    report = _copy(monitor).check(2.001, grad_norm=1.0, prediction_error=0.0)
+    report = _check(_copy(monitor), 2.001, grad_norm=1.0, prediction_error=0.0)
     assert report.level == DivergenceLevel.NORMAL
     assert all(math.isfinite(v) for v in report.signals.values())
-    assert _copy(monitor).check(2.5).level == DivergenceLevel.CRITICAL
+    assert _check(_copy(monitor), 2.5).level == DivergenceLevel.CRITICAL
 
 
 def test_loss_stats_nan_before_observations() -> None:
@@ -213,7 +229,7 @@ def test_loss_stats_nan_before_observations() -> None:
 
 def test_accepts_tensor_scalars() -> None:
     monitor = DivergenceMonitor()
-    report = monitor.check(torch.tensor(1.5), grad_norm=torch.tensor(0.3))  # type: ignore[arg-type]
+    report = _check(monitor, torch.tensor(1.5), grad_norm=torch.tensor(0.3))  # type: ignore[arg-type]
     assert report.level == DivergenceLevel.NORMAL
     assert monitor.loss_stats()[0] == pytest.approx(1.5)
 
@@ -227,7 +243,7 @@ def test_state_dict_round_trip() -> None:
     losses = _smooth_loss(100, seed=3) + [50.0, math.nan, 1.0]
     for t, loss in enumerate(losses):
         args = (loss, 1.0 + 0.01 * t, 0.05)
-        assert restored.check(*args) == original.check(*args)
+        assert _check(restored, *args) == _check(original, *args)
     assert restored.state_dict() == original.state_dict()
 
 
@@ -240,7 +256,7 @@ def test_global_rng_untouched() -> None:
     torch.manual_seed(99)
     before = torch.get_rng_state().clone()
     monitor = _warm(DivergenceMonitor())
-    monitor.check(math.nan)
+    _check(monitor, math.nan)
     monitor.load_state_dict(monitor.state_dict())
     assert torch.equal(torch.get_rng_state(), before)
 
@@ -267,24 +283,24 @@ def test_constructor_validation(kwargs: dict, name: str) -> None:
 def test_a_loss_better_than_forecast_never_alarms() -> None:
     monitor = DivergenceMonitor(sigma=3.0, min_history=10)
     for i in range(50):
-        monitor.check(1.0, prediction_error=0.01 * ((i % 5) - 2))
-    assert _copy(monitor).check(1.0, prediction_error=-5.0).level == DivergenceLevel.NORMAL
-    assert _copy(monitor).check(1.0, prediction_error=5.0).level == DivergenceLevel.CRITICAL
+        _check(monitor, 1.0, prediction_error=0.01 * ((i % 5) - 2))
+    assert _check(_copy(monitor), 1.0, prediction_error=-5.0).level == DivergenceLevel.NORMAL
+    assert _check(_copy(monitor), 1.0, prediction_error=5.0).level == DivergenceLevel.CRITICAL
 
 
 def test_check_validation() -> None:
     monitor = DivergenceMonitor()
     with pytest.raises(ValueError, match="prediction_error"):
-        monitor.check(1.0, prediction_error="x")  # type: ignore[arg-type]
+        _check(monitor, 1.0, prediction_error="x")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="loss"):
-        monitor.check("high")  # type: ignore[arg-type]
+        _check(monitor, "high")  # type: ignore[arg-type]
 
 
 def test_a_lasting_shift_is_relearned_instead_of_alarming_for_ever() -> None:
     monitor = DivergenceMonitor(sigma=3.0, min_history=10)
     for i in range(50):
-        monitor.check(1.0 + 0.01 * ((i % 5) - 2))
-    levels = [monitor.check(2.0 + 0.01 * ((i % 5) - 2)).level for i in range(40)]
+        _check(monitor, 1.0 + 0.01 * ((i % 5) - 2))
+    levels = [_check(monitor, 2.0 + 0.01 * ((i % 5) - 2)).level for i in range(40)]
     assert levels[0] == DivergenceLevel.CRITICAL
     assert all(level >= DivergenceLevel.WARNING for level in levels[:10])
     assert all(level == DivergenceLevel.NORMAL for level in levels[25:])

@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from hf_hybrid.engine.divergence import DivergenceLevel, DivergenceMonitor, DivergenceReport
+from hf_hybrid.engine.alarm import Alarm
+from hf_hybrid.engine.divergence import DivergenceLevel, DivergenceMonitor
 from hf_hybrid.engine.engine import EngineConfig, HybridEngine, StepOutcome, StepPlan, StepRecord
 from hf_hybrid.engine.guard import clip_to_trust_region
 from hf_hybrid.engine.phases import Phase, PhaseSchedule
@@ -318,7 +319,7 @@ class TestInjectedLosses:
         loop = Loop(_config())
         loop.run_until(_mid_phase_with_moved_params)
         snapshot = _clone(loop.engine.guard.snapshot)
-        last_loss = loop.engine.last_measured_loss
+        last_loss = loop.engine.losses.measured
         assert last_loss is not None
         record = loop.step(loss_override=50.0 * last_loss)
         assert record.outcome.rolled_back and record.outcome.level is DivergenceLevel.CRITICAL
@@ -530,12 +531,12 @@ class _ScriptedMonitor(DivergenceMonitor):
 
     def check(
         self, loss: float | None, grad_norm: float | None = None, prediction_error: float | None = None
-    ) -> DivergenceReport:
-        report = super().check(loss, grad_norm, prediction_error)
+    ) -> list[Alarm]:
+        alarms = super().check(loss, grad_norm, prediction_error)
         if self.next_level is None:
-            return report
+            return alarms
         level, self.next_level = self.next_level, None
-        return DivergenceReport(level, reasons=[f"scripted {level.name}"])
+        return [Alarm(level, f"scripted {level.name}")]
 
 
 def _scripted_loop(config: EngineConfig) -> tuple[Loop, _ScriptedMonitor]:
@@ -713,7 +714,7 @@ class TestDormant:
         schedule = PhaseSchedule(warmup_steps=5, full_steps=3, confidence_threshold=0.999, min_history=4)
         loop = Loop(EngineConfig(schedule=schedule, dormant_every=dormant_every))
         if force:
-            loop.engine._dormant = lambda: True  # the state under test, whatever this problem's skill
+            loop.engine.wakefulness.dormant = lambda confidence: True  # whatever this problem's skill
         loop.run(80)
         return loop
 
@@ -738,17 +739,17 @@ class TestDormant:
         schedule = PhaseSchedule(warmup_steps=5, full_steps=3, confidence_threshold=0.0, min_history=4)
         loop = Loop(EngineConfig(schedule=schedule, dormant_every=8))
         loop.run(40)
-        assert not loop.engine._dormant()
+        assert not loop.engine.wakefulness.dormant(loop.engine.confidence)
 
     def test_a_sudden_jump_in_confidence_wakes_it_before_a_phase_opens(self) -> None:
         """Asleep, the predictor guesses sampled coordinates only: a confidence that leaps past the threshold
         in one step must first wake the engine (a FULL step), never open a phase on the sampled predictor."""
         schedule = PhaseSchedule(warmup_steps=5, full_steps=3, confidence_threshold=0.9, min_history=4)
         loop = Loop(EngineConfig(schedule=schedule, dormant_every=8))
-        loop.engine._dormant = lambda: True  # asleep, whatever this problem's skill
+        loop.engine.wakefulness.dormant = lambda confidence: True  # asleep, whatever this problem's skill
         loop.run(30)
         assert not loop.engine.awake
-        del loop.engine._dormant
+        del loop.engine.wakefulness.dormant
         loop.engine.confidence = lambda: 1.0  # the leap: from asleep to certain in one step
         awake_at_begin = []
         for _ in range(30):

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from hf_hybrid.engine.alarm import DivergenceLevel
 from hf_hybrid.engine.guard import ParameterGuard, clip_to_trust_region
 
 
@@ -121,8 +122,9 @@ class TestApply:
         params = _params()
         before = _clone(params)
         deltas = {"a": torch.full((4, 3), 1e-3), "b": torch.full((5,), -1e-3)}
-        result, applied = ParameterGuard(params).apply(deltas, max_delta=0.5)
-        assert result.applied and result.clipped_tensors == 0 and result.reason == ""
+        guard = ParameterGuard(params)
+        refused, applied = guard.apply(deltas, max_delta=0.5)
+        assert refused is None and guard.counters["clipped_tensors"] == 0
         for name, p in params.items():
             assert torch.equal(applied[name], deltas[name])
             assert torch.equal(p.detach(), before[name] + deltas[name])
@@ -131,16 +133,16 @@ class TestApply:
     def test_subset_of_parameters(self) -> None:
         params = _params()
         before = _clone(params)
-        result, applied = ParameterGuard(params).apply({"b": torch.full((5,), 1e-3)}, max_delta=0.5)
-        assert result.applied and set(applied) == {"b"}
+        refused, applied = ParameterGuard(params).apply({"b": torch.full((5,), 1e-3)}, max_delta=0.5)
+        assert refused is None and set(applied) == {"b"}
         assert torch.equal(params["a"].detach(), before["a"])
 
     def test_reports_clipping(self) -> None:
         params = _params()
         before = _clone(params)
         guard = ParameterGuard(params)
-        result, applied = guard.apply({"a": torch.full((4, 3), 1e3), "b": torch.zeros(5)}, max_delta=0.01)
-        assert result.applied and result.clipped_tensors == 1
+        refused, applied = guard.apply({"a": torch.full((4, 3), 1e3), "b": torch.zeros(5)}, max_delta=0.01)
+        assert refused is None and guard.counters["clipped_tensors"] == 1
         assert float(applied["a"].norm()) <= 0.01 * float(before["a"].norm()) * 1.001
         assert torch.equal(params["a"].detach(), before["a"] + applied["a"])
 
@@ -150,9 +152,11 @@ class TestApply:
         before = _clone(params)
         b = torch.zeros(5)
         b[2] = bad
-        result, applied = ParameterGuard(params).apply({"a": torch.full((4, 3), 1e-3), "b": b}, max_delta=0.5)
-        assert not result.applied
-        assert "non-finite" in result.reason and "b" in result.reason
+        refused, applied = ParameterGuard(params).apply(
+            {"a": torch.full((4, 3), 1e-3), "b": b}, max_delta=0.5
+        )
+        assert refused.level is DivergenceLevel.CRITICAL
+        assert "non-finite" in refused.reason and "b" in refused.reason
         assert applied == {}
         _assert_bitwise(params, before)
 
@@ -163,27 +167,27 @@ class TestApply:
         }
         before = _clone(params)
         guard = ParameterGuard(params)
-        result, _ = guard.apply({"a": torch.full((2,), 0.01), "b": torch.full((2,), 1e38)}, max_delta=0.5)
-        assert not result.applied and "non-finite" in result.reason
+        refused, _ = guard.apply({"a": torch.full((2,), 0.01), "b": torch.full((2,), 1e38)}, max_delta=0.5)
+        assert refused is not None and "non-finite" in refused.reason
         _assert_bitwise(params, before)
         assert guard.compensation == {}
 
     def test_shape_mismatch_refused(self) -> None:
         params = _params()
         before = _clone(params)
-        result, applied = ParameterGuard(params).apply(
+        refused, applied = ParameterGuard(params).apply(
             {"a": torch.zeros(4, 3), "b": torch.zeros(4)}, max_delta=0.5
         )
-        assert not result.applied and "shape" in result.reason and applied == {}
+        assert refused is not None and "shape" in refused.reason and applied == {}
         _assert_bitwise(params, before)
 
     def test_unknown_name_refused(self) -> None:
         params = _params()
         before = _clone(params)
-        result, applied = ParameterGuard(params).apply(
+        refused, applied = ParameterGuard(params).apply(
             {"a": torch.full((4, 3), 1e-3), "zzz": torch.zeros(1)}, max_delta=0.5
         )
-        assert not result.applied and "unknown" in result.reason and "zzz" in result.reason
+        assert refused is not None and "unknown" in refused.reason and "zzz" in refused.reason
         assert applied == {}
         _assert_bitwise(params, before)
 
@@ -260,8 +264,8 @@ class TestLowPrecision:
         naive = w.detach().clone()
         guard = ParameterGuard({"w": w})
         for _ in range(100):
-            result, _ = guard.apply({"w": step}, max_delta=0.05)
-            assert result.applied
+            refused, _ = guard.apply({"w": step}, max_delta=0.05)
+            assert refused is None
             naive.add_(step.to(torch.bfloat16))
         assert torch.equal(naive, torch.tensor([1.0, -1.0, 2.0, 0.75], dtype=torch.bfloat16))  # rounded away
         expected = torch.tensor([1.0, -1.0, 2.0, 0.75]) + 100 * step

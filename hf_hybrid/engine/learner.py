@@ -1,0 +1,131 @@
+"""The predictor's side of a step: what it learns from a real step, and how its guess is written in a
+predicted one.
+
+A real step runs the optimizer and takes the real update it made (`UpdateWatch`, per step since the last
+look). Past the warmup, the predictor's guess of that update — asked before the optimizer ran — is scored
+against it on the sampled coordinates, and the residual goes to the store the confidence is measured
+from; then the predictor learns from the update. A predicted step asks for the full-size guess and
+writes it through the guard, which clips it to the trust region or refuses it whole. What fails comes
+back as an `Alarm`; what it costs is counted here.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+
+from .accounting import StepCounters
+from .alarm import Alarm
+from .guard import ParameterGuard
+from .phases import Phase
+from .predictor import Deltas, delta_dot_products
+from .residuals import Corrector, Residual, ResidualStore
+from .sharding import ShardGroup
+from .timing import PartTimer
+from .watch import UpdateWatch
+
+logger = logging.getLogger(__name__)
+
+
+class Learner:
+    """Runs the real update and the scoring around the optimizer step, and the guarded predicted write."""
+
+    def __init__(
+        self,
+        watch: UpdateWatch,
+        guard: ParameterGuard,
+        store: ResidualStore,
+        corrector: Corrector,
+        shards: ShardGroup,
+        counters: StepCounters,
+        timer: PartTimer,
+    ) -> None:
+        self.watch = watch
+        self.guard = guard
+        self.store = store
+        self.corrector = corrector
+        self.shards = shards
+        self.counters = counters
+        self.timer = timer
+
+    def real_update(
+        self, optimizer_step: Callable[[], None], look: bool = True
+    ) -> tuple[Deltas, Deltas | None] | None:
+        """Run the optimizer step and take the real update it made, per step since the last look (at the
+        sample, and whole where it is needed); `look=False` leaves it to the next look, which averages."""
+        optimizer_step()
+        self.guard.forget_compensation()  # the parameters were rewritten: no rounding error to carry
+        if not look:
+            self.watch.skip()
+            return None
+        with self.timer.part("real_update"):
+            return self.watch.take()
+
+    def learn(
+        self,
+        optimizer_step: Callable[[], None],
+        look: bool,
+        phase: Phase,
+        step: int,
+        steps_ahead: int,
+        losses: tuple[float | None, float | None],
+    ) -> tuple[Residual | None, Alarm | None]:
+        """The optimizer step, and what the predictor learns from it (nothing this step without a `look`:
+        the next look averages). Past the warmup its guess is scored: the residual (else None), and the
+        alarm of a guess that failed (its predictors were reset). `losses`: the step's measured and
+        forecast loss, kept with the residual."""
+        if not look:
+            self.real_update(optimizer_step, look=False)
+            return None, None
+        scored = phase is not Phase.WARMUP  # warmup only observes: no prediction to score, no cost
+        predicted, alarm = self.guess(steps_ahead, sampled=True) if scored else (None, None)
+        sampled, whole = self.real_update(optimizer_step)
+        residual = None
+        if scored:
+            residual = Residual(step, phase.value, steps_ahead, *self._score(predicted, sampled), *losses)
+            with self.timer.part("residuals"):
+                self.store.add(residual)
+                self.corrector.update(residual)
+        with self.timer.part("observe"):
+            self.watch.observe(sampled, whole)
+        return residual, alarm
+
+    def _score(self, predicted: Deltas | None, sampled: Deltas) -> tuple[float, float, float]:
+        """<guess, update>, <guess, guess>, <update, update> over the whole sample (all ranks' parts
+        added); a guess that is not finite scores as no guess, and its predictors start over."""
+        with self.timer.part("score"):
+            pd, pp, dd = self.shards.sum(delta_dot_products(predicted, sampled))
+        if math.isfinite(pd) and math.isfinite(pp):
+            return pd, pp, dd
+        logger.warning(
+            "hf_hybrid: predictor %r produced a non-finite guess; reset it", self.watch.predictor_name
+        )
+        self.counters.add("refused_updates")
+        self.watch.reset()
+        return 0.0, 0.0, dd
+
+    def write_guess(self, steps_ahead: int, max_delta: float) -> tuple[bool, Alarm | None]:
+        """Write the full-size guess, scaled by the corrector, through the guard: whether it was written,
+        and the alarm of a guess that failed or was refused (its predictors then start over)."""
+        predicted, alarm = self.guess(steps_ahead)
+        if predicted is not None:
+            with self.timer.part("guard"):
+                alarm, deltas = self.guard.apply(predicted, max_delta, self.corrector.scale)
+            if alarm is None:
+                with self.timer.part("real_update"):
+                    self.watch.shift(deltas)  # a written guess is no part of the next real update
+            else:
+                self.watch.reset()
+        if alarm is not None:
+            self.counters.add("refused_updates")
+        return predicted is not None and alarm is None, alarm
+
+    def guess(self, steps_ahead: int, sampled: bool = False) -> tuple[Deltas | None, Alarm | None]:
+        """The full-size guess a predict step applies, or (`sampled`) the one at the sample, to score."""
+        with self.timer.part("guess"):
+            ask = self.watch.sampled_guess if sampled else self.watch.guess
+            predicted, alarm = ask(steps_ahead)
+        if alarm is not None:
+            self.counters.add("predictor_errors")
+        return predicted, alarm
