@@ -35,7 +35,7 @@ from .guard import ParameterGuard
 from .learner import Learner
 from .loss_watch import LossWatch
 from .phases import Phase, PhaseController
-from .predict_phase import PhaseEnd, PredictPhase, PredictPhases, reference_level
+from .predict_phase import PhaseEnd, PredictPhase, PredictPhases
 from .predictor import DeltaPredictor, resolve_predictor_name
 from .recovery import RecoveryAction, choose_action, describe
 from .residuals import Corrector, ResidualStore
@@ -61,8 +61,6 @@ LOGGED_STATS = (
     "predictor_bytes",
     "engine_bytes",
 )
-# FULL-step losses whose batch-to-batch noise a predict phase is judged against.
-REFERENCE_WINDOW = 17
 
 
 class HybridEngine:
@@ -82,10 +80,6 @@ class HybridEngine:
         self.config = config or EngineConfig()
         if not params:
             raise ValueError("HybridEngine needs at least one trainable parameter; the model has none")
-        if predictor is not None and not isinstance(predictor, DeltaPredictor):
-            raise TypeError(
-                f"`predictor` must be a DeltaPredictor instance, got {type(predictor).__qualname__}"
-            )
         self.params = dict(params)
         self.shards = ShardGroup.of(self.params)  # FSDP2's sharded DTensors, or none
         self.probe = probe
@@ -94,15 +88,13 @@ class HybridEngine:
         self.timer = PartTimer(clock_for(self.params.values()))
         s = self.schedule = self.config.schedule
         self.controller = PhaseController(s)
-        # `dormant_every=1` asks for an engine that watches every step in full: it never sleeps; nor does
-        # a scripted one, whose predict phases open whatever the confidence (and need full-size guesses)
         self.watch = UpdateWatch(
             self.params,
             resolve_predictor_name(self.config.predictor, optimizer),
             self.config.predictor_kwargs,
             optimizer,
             self.config.seed,
-            may_sleep=s.confidence_threshold > 0 and self.config.dormant_every > 1 and s.script is None,
+            may_sleep=Wakefulness.may_sleep(self.config),
             predictor=predictor,
             shards=self.shards,
         )
@@ -119,7 +111,7 @@ class HybridEngine:
             self.watch, self.guard, self.store, self.corrector, self.shards, self.counters, self.timer
         )
         self.phases = PredictPhases(
-            self.config, self.controller, self.guard, self.counters, self.timer, probe
+            self.config, self.controller, self.guard, self.store, self.counters, self.timer, probe
         )
         self.plan: StepPlan | None = None
         self.steps_since_real = 0
@@ -131,10 +123,6 @@ class HybridEngine:
     @property
     def predictor(self) -> DeltaPredictor:
         return self.watch.predictor
-
-    @property
-    def predictor_name(self) -> str:
-        return self.watch.predictor_name
 
     @property
     def awake(self) -> bool:
@@ -165,10 +153,10 @@ class HybridEngine:
             decisive = confidence if self.awake else 0.0
             phase = self.controller.decide(decisive, self.predictor.observed, self.phases.choose_horizon)
             if phase is Phase.PREDICT and not was_predicting:
-                self.phases.open(self._reference_level)
+                self.phases.open(self.losses.forecast_next, self.monitor.loss_stats)
             with self.timer.part("loss_forecaster"):
                 self.losses.forecast()
-            measure = phase.runs_backward or self._is_checked_predict_step()
+            measure = phase.runs_backward or self.phases.checked()
             self.plan = StepPlan(phase, measure, None if measure else self.losses.measured)
             self.counters.add(f"steps_{phase.value}")
         return self.plan
@@ -292,28 +280,12 @@ class HybridEngine:
                 self.controller.shorten()
             if action is not RecoveryAction.CONTINUE:
                 text, notable = describe(action, alarms, self.schedule.full_steps, phase_was_open)
-                (logger.warning if notable else logger.info)(
-                    "hf_hybrid: step %d (%s): %s: %s",
-                    self.step_number,
-                    step_phase.value,
-                    action.value,
-                    text,
-                    extra={"hybrid_action": action.value, "hybrid_step": self.step_number},
-                )
+                _log_action(self.step_number, step_phase, action, text, notable)
         return action
 
     def _force_full(self) -> None:
         self.counters.add("forced_full")
         self.controller.force_full(self.schedule.full_steps)
-
-    def _reference_level(self) -> tuple[float, float]:
-        """What a phase opening now is judged against (see `reference_level`), or the monitor's stats."""
-        full = [r.loss_actual for r in self.store.recent(REFERENCE_WINDOW, phase="full")]
-        return reference_level(self.losses.forecast_next, full) or self.monitor.loss_stats()
-
-    def _is_checked_predict_step(self) -> bool:
-        every = self.config.check_every
-        return every > 0 and self.controller.predicted_since_correct % every == 0
 
     def _outcome(
         self, phase: Phase, loss: float | None, applied: bool, alarms: list[Alarm], action: RecoveryAction
@@ -346,7 +318,7 @@ class HybridEngine:
         steps left (None: a scripted engine, whose phases are replayed)."""
         return {
             **self.counters.summary(self.config.probe_cost),
-            "predictor": self.predictor_name,
+            "predictor": self.watch.predictor_name,
             "predictor_bytes": self.watch.predictor_bytes(),
             **self.meter.stats(),
             "max_confidence": self.max_confidence,
@@ -415,13 +387,8 @@ class HybridEngine:
         """A new engine that carries on a run (`hybrid_restart_engine`): the counters, the engine's own
         time and its peak bytes continue from a saved state; everything it learnt starts over."""
         self.counters.load_state_dict(state["counters"])
-        self._load_timing(state)
+        self.timer.load_state_dict(state.get("timing"))
         self.meter.merge_peak(state["peak_memory"])
-
-    def _load_timing(self, state: Mapping[str, Any]) -> None:
-        """The timing carries on; a state saved before it was kept by part has none, and it restarts."""
-        if "timing" in state:
-            self.timer.load_state_dict(state["timing"])
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a saved engine; refuses a state that belongs to another configuration or model."""
@@ -435,6 +402,18 @@ class HybridEngine:
         self.last_level = DivergenceLevel(int(state["last_level"]))
         self.losses.restore_last(state["last_predicted_loss"], state["last_measured_loss"])
         self.max_confidence = float(state["max_confidence"])
-        self._load_timing(state)
+        self.timer.load_state_dict(state.get("timing"))
         self.meter.load_state_dict(state["peak_memory"])
         self.plan = None
+
+
+def _log_action(step: int, phase: Phase, action: RecoveryAction, text: str, notable: bool) -> None:
+    """One log line per action taken, tagged so that a handler can count them (the fault tests do)."""
+    (logger.warning if notable else logger.info)(
+        "hf_hybrid: step %d (%s): %s: %s",
+        step,
+        phase.value,
+        action.value,
+        text,
+        extra={"hybrid_action": action.value, "hybrid_step": step},
+    )

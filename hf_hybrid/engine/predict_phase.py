@@ -22,7 +22,11 @@ from .bandit import HorizonBandit, default_arms, phase_reward
 from .config import EngineConfig
 from .guard import ParameterGuard
 from .phases import PhaseController
+from .residuals import ResidualStore
 from .timing import PartTimer
+
+# FULL-step losses whose batch-to-batch noise a predict phase is judged against.
+REFERENCE_WINDOW = 17
 
 
 class PhaseEnd(str, Enum):
@@ -49,6 +53,10 @@ class PredictPhase:
     probe_before: float | None = None
     predicted: int = 0
     losses: list[float] = field(default_factory=list)
+
+    def checked(self) -> bool:
+        """Does the coming predicted step measure its loss (every `check_every`-th since a CORRECT step)?"""
+        return self.check_every > 0 and self.controller.predicted_since_correct % self.check_every == 0
 
     def record_predicted(self, loss: float | None) -> None:
         self.predicted += 1
@@ -109,14 +117,17 @@ class PredictPhases:
         config: EngineConfig,
         controller: PhaseController,
         guard: ParameterGuard,
+        store: ResidualStore,
         counters: StepCounters,
         timer: PartTimer,
         probe: Callable[[], float] | None = None,
     ) -> None:
         s = self.schedule = config.schedule
         self.use_bandit = config.use_bandit
+        self.check_every = config.check_every
         self.controller = controller
         self.guard = guard
+        self.store = store
         self.counters = counters
         self.timer = timer
         self._probe = probe
@@ -127,13 +138,14 @@ class PredictPhases:
     def choose_horizon(self, cap: int) -> int:
         return self.bandit.select(cap) if self.use_bandit else min(cap, self.schedule.max_predict_steps)
 
-    def open(self, reference: Callable[[], tuple[float, float]]) -> None:
-        """Start the phase the controller just entered, from a snapshot of the weights; `reference()`
-        gives the loss level and noise it is judged against."""
+    def open(self, forecast: Callable[[], float | None], fallback: Callable[[], tuple[float, float]]) -> None:
+        """Start the phase the controller just entered, from a snapshot of the weights, judged against the
+        loss forecaster's level and the recent FULL steps' noise (`reference_level`), or `fallback()`."""
         with self.timer.part("snapshot"):
             self.guard.take_snapshot()
+        full = [r.loss_actual for r in self.store.recent(REFERENCE_WINDOW, phase="full")]
         with self.timer.part("loss_forecaster"):
-            mean, std = reference()
+            mean, std = reference_level(forecast, full) or fallback()
         self.current = PredictPhase(
             opened_at=self.controller.steps_decided,
             horizon=self.controller.horizon,
@@ -142,6 +154,10 @@ class PredictPhases:
             probe_before=self.probe(),
         )
         self.counters.add("predict_phases")
+
+    def checked(self) -> bool:
+        """Does the coming predicted step measure its loss (every `check_every`-th since a CORRECT step)?"""
+        return self.check_every > 0 and self.controller.predicted_since_correct % self.check_every == 0
 
     def record_predicted(self, loss: float | None) -> None:
         self.current.record_predicted(loss)

@@ -106,7 +106,10 @@ class PartTimer:
     def state_dict(self) -> dict[str, Any]:
         return {"parts": dict(self.seconds), "step_seconds": self.step_seconds, "steps": self.steps}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
+        """Carry on from a saved timing; None (a state saved before the timing was kept by part): restart."""
+        if state is None:
+            return
         self.seconds = {name: float(s) for name, s in state["parts"].items()}
         self.step_seconds = float(state["step_seconds"])
         self.steps = int(state["steps"])

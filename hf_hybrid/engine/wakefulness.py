@@ -47,6 +47,13 @@ class Wakefulness:
         self.store = store
         self.timer = timer
 
+    @staticmethod
+    def may_sleep(config: EngineConfig) -> bool:
+        """`dormant_every=1` asks for an engine that watches every step in full: it never sleeps; nor does
+        a scripted one, whose predict phases open whatever the confidence (and need full-size guesses)."""
+        s = config.schedule
+        return s.confidence_threshold > 0 and config.dormant_every > 1 and s.script is None
+
     @property
     def awake(self) -> bool:
         return self.watch.awake

@@ -55,6 +55,10 @@ class UpdateWatch:
         predictor: DeltaPredictor | None = None,
         shards: ShardGroup | None = None,
     ) -> None:
+        if predictor is not None and not isinstance(predictor, DeltaPredictor):
+            raise TypeError(
+                f"`predictor` must be a DeltaPredictor instance, got {type(predictor).__qualname__}"
+            )
         self.params = dict(params)
         self.optimizer = optimizer
         self.shards = shards or ShardGroup()
