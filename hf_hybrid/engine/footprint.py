@@ -23,7 +23,7 @@ class MemoryMeter:
         """`layout()`: a cheap summary of which buffers exist; a count is due when it changes."""
         self._tensors = tensors
         self._layout = layout or (lambda: None)
-        self._counted = layout()
+        self._counted = self._layout()
         self.current = self.measure()
         self.peak = dict(self.current)
 
