@@ -127,6 +127,16 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         help="with --overhead: the hybrid runs predict (null predictor, threshold 0; --hybrid overrides "
         "win) and the report is the hybrid machinery's share of the step time, per part",
     )
+    faults = bench.add_argument_group("faults")
+    faults.add_argument(
+        "--faults",
+        nargs="*",
+        default=None,
+        metavar="FAULT",
+        help="measure instead what a loss spike costs: each method (default: plain and the hybrid trainer "
+        "with its spike guard on) clean and with each fault injected at mid-run (default: lr_burst garbage "
+        "shuffled_labels), seeds 0 1 2 unless --seeds, at the task's learning rate unless --learning_rate",
+    )
     return bench
 
 
@@ -159,6 +169,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     own = args.model_name_or_path is not None or args.task_factory is not None or args.dataset is not None
     if args.overhead:
         return _overhead(args)
+    if args.faults is not None:
+        return _faults(args, own)
     if own:
         if args.suite or args.tasks:
             raise DataError(
@@ -284,6 +296,33 @@ def _overhead(args: argparse.Namespace) -> int:
         parse_hybrid_overrides(args.hybrid),
         awake=args.awake,
     )
+    return 0
+
+
+def _faults(args: argparse.Namespace, own: bool) -> int:
+    from .bench import SUITES
+    from .bench.faults import FAULTS, GUARDED, run_faults
+    from .bench.tasks import preset
+    from .data import DataError
+
+    arms = _methods(args) if args.methods else ["plain", GUARDED]
+    suite = SUITES[args.suite or "quick"]
+    names = args.tasks or suite["tasks"]
+    tasks = [_own_task(args)] if own else [preset(name, suite["size"]) for name in names]
+    for task in tasks:
+        if args.max_steps is not None and not own:
+            task.max_steps = args.max_steps
+        try:
+            run_faults(
+                task,
+                arms,
+                args.faults or FAULTS,
+                seeds=tuple(args.seeds or (0, 1, 2)),
+                learning_rate=args.learning_rate,
+                out=f"{args.out or 'bench_results/faults'}/{task.name}",
+            )
+        except ValueError as exc:
+            raise DataError(str(exc)) from None
     return 0
 
 

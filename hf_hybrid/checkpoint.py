@@ -32,7 +32,13 @@ from safetensors.torch import load_file, save_file
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
-from .engine.state import FORMAT_VERSION, describe_sharding_mismatch, join_state, split_state
+from .engine.state import (
+    FORMAT_VERSION,
+    describe_mismatch,
+    describe_sharding_mismatch,
+    join_state,
+    split_state,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -221,12 +227,14 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
-    """Newest `checkpoint-N` whose save finished; a folder left half-written by a crash is skipped, with a
-    warning that names it, what it lacks, and the steps that will be trained again.
+def last_complete_checkpoint(output_dir: str | os.PathLike, need_hybrid_state: bool = True) -> str | None:
+    """Newest `checkpoint-N` whose save finished (None: there is no checkpoint at all).
 
     `Trainer` writes trainer_state.json after everything else, so its presence (and, for a hybrid
-    checkpoint, the files its entry points to) marks a complete save.
+    checkpoint, the files its entry points to, unless `need_hybrid_state` is False because the engine
+    restarts anyway) marks a complete save. Newer folders left half-written by a crash are skipped with a
+    warning that names them, what they lack and the steps that will be trained again; when no complete
+    one is left, resuming is refused with what each lacks, instead of silently starting over.
     """
     root = Path(output_dir)
     if not root.is_dir():
@@ -234,15 +242,23 @@ def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
     folders = [p for p in root.iterdir() if p.is_dir() and _CHECKPOINT_DIR.match(p.name)]
     skipped: list[tuple[Path, str]] = []
     for folder in sorted(folders, key=_checkpoint_step, reverse=True):
-        missing = _missing_files(folder)
+        missing = _missing_files(folder, need_hybrid_state)
         if not missing:
             if skipped:
                 _warn_skipped(skipped, f"resuming from {folder.name}", _checkpoint_step(folder))
             return str(folder)
         skipped.append((folder, missing))
-    if skipped:
-        _warn_skipped(skipped, "no complete checkpoint is left: training starts from step 0", 0)
-    return None
+    if not skipped:
+        return None
+    details = "; ".join(f"{folder.name} lacks {missing}" for folder, missing in skipped)
+    hybrid_only = all(_missing_files(folder, need_hybrid_state=False) == "" for folder, _ in skipped)
+    escape = (
+        "set `hybrid_restart_engine=True` to resume the newest one with a new engine, or remove them to "
+        "train from step 0"
+        if hybrid_only
+        else "remove them to train from step 0"
+    )
+    raise HybridCheckpointError(f"no checkpoint in {root} can be resumed ({details}); {escape}")
 
 
 def _checkpoint_step(folder: Path) -> int:
@@ -262,7 +278,7 @@ def _warn_skipped(skipped: list[tuple[Path, str]], then: str, resume_step: int) 
     )
 
 
-def _missing_files(folder: Path) -> str:
+def _missing_files(folder: Path, need_hybrid_state: bool = True) -> str:
     """What a checkpoint folder lacks to be resumable ('' when complete)."""
     if not (folder / TRAINER_STATE_FILE).is_file():
         return TRAINER_STATE_FILE
@@ -270,7 +286,7 @@ def _missing_files(folder: Path) -> str:
         entry = read_engine_entry(folder)
     except (OSError, json.JSONDecodeError):
         return f"a readable {TRAINER_STATE_FILE}"
-    if entry is None:
+    if entry is None or not need_hybrid_state:
         return ""
     pairs = entry.get("ranks") or [entry]
     files = [
@@ -290,3 +306,111 @@ def read_engine_entry(folder: str | os.PathLike) -> dict[str, Any] | None:
     saved = (state.get("stateful_callbacks") or {}).get(HybridStateCallback.__name__) or {}
     entry = saved.get("attributes", {}).get("engine_state") if isinstance(saved, dict) else None
     return entry if isinstance(entry, dict) else None
+
+
+class EngineCheckpoints:
+    """Saves and restores the hybrid engine with every Trainer checkpoint.
+
+    The trainer calls `check` before a resume loads any weight, `save` where the Trainer saves its
+    optimizer, and `restore` once the engine is built; `callback` is the stateful callback that carries the
+    entry into `trainer_state.json`. `restart` (`hybrid_restart_engine`) starts a new engine that carries
+    on the counters, the engine's time and the timeline.
+    """
+
+    def __init__(self, restart: bool, rename: Callable[[str], str] = str) -> None:
+        self.restart = restart
+        self.rename = rename
+        self.callback = HybridStateCallback()
+
+    def check(self, checkpoint: str, config: Any, params: dict[str, Any], world_size: int) -> None:
+        """Refuse a checkpoint whose hybrid state cannot fit, before its weights are even loaded."""
+        entry = read_engine_entry(checkpoint)
+        if entry is None or self.restart:
+            return
+        problem = sharding_problem(entry, world_size)
+        if not problem:  # configuration and parameter shapes are the same in every rank's file
+            state = read_engine_tree(rank_pair(entry, 0), checkpoint)
+            try:
+                problem = describe_mismatch(
+                    state["config"], state["parameters"], config, params, rename=self.rename
+                )
+            except (KeyError, TypeError) as exc:
+                problem = f"its hybrid state is damaged ({exc!r})"
+        if problem:
+            raise HybridCheckpointError(_cannot_resume(checkpoint, problem))
+
+    def save(self, engine: Any, timeline: list[dict[str, Any]], output_dir: str, should_save: bool) -> None:
+        """Every rank: the state files (each rank its own under FSDP2), the entry, the timeline."""
+        shards = engine.shards
+        if shards.sharded:
+            entry = save_sharded_engine_state(
+                engine.state_dict(), output_dir, rank=shards.rank, gather=lambda obj: _gather(obj, shards),
+                summary=engine.stats(),
+            )  # fmt: skip
+        else:
+            entry = save_engine_state(
+                engine.state_dict(), output_dir, write_files=should_save, summary=engine.stats()
+            )
+        self.callback.engine_state = entry
+        if should_save:
+            save_timeline(timeline, output_dir)
+
+    def restore(self, engine: Any, checkpoint: str, warmup_steps: int) -> list[dict[str, Any]]:
+        """Load the saved engine into `engine` (or restart it); return the run's timeline so far."""
+        entry = read_engine_entry(checkpoint)
+        if self.restart:
+            return self._restart(engine, checkpoint, entry, warmup_steps)
+        if entry is None:
+            logger.warning(
+                "hf_hybrid: %s has no hybrid state (saved by the plain Trainer?); the engine starts fresh "
+                "with warmup at this step",
+                checkpoint,
+            )
+            return []
+        problem = sharding_problem(entry, engine.shards.world_size)
+        if problem:
+            raise HybridCheckpointError(f"cannot resume the hybrid engine from {checkpoint}: {problem}")
+        state = load_engine_state(rank_pair(entry, engine.shards.rank), checkpoint)
+        try:
+            engine.load_state_dict(state)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise HybridCheckpointError(_cannot_resume(checkpoint, str(exc))) from exc
+        return load_timeline(checkpoint)
+
+    def _restart(self, engine: Any, checkpoint: str, entry: dict[str, Any] | None, warmup_steps: int) -> list:
+        """A new engine, not a new history: what it learnt starts over; the counters, the engine's time and
+        peak bytes and the timeline carry on (from the checkpoint's readable state, when it can be read)."""
+        carried = "the phase timeline"
+        if entry is not None:
+            try:
+                engine.continue_accounting(read_engine_tree(rank_pair(entry, 0), checkpoint))
+                carried = "the counters, the engine's time and peak bytes, and the phase timeline"
+            except (HybridCheckpointError, KeyError, TypeError, ValueError) as exc:
+                logger.warning(
+                    "hf_hybrid: the counters of %s cannot be read (%s); they restart at 0", checkpoint, exc
+                )
+        logger.warning(
+            "hf_hybrid: hybrid_restart_engine=True: a new engine from %s. The predictor, the loss "
+            "forecaster, the horizon bandit, the residual history and the divergence statistics start over, "
+            "with a new warmup of %d steps; %s carry on.",
+            checkpoint,
+            warmup_steps,
+            carried,
+        )
+        return load_timeline(checkpoint)
+
+
+def _cannot_resume(checkpoint: str, problem: str) -> str:
+    return (
+        f"cannot resume the hybrid engine from {checkpoint}: {problem}. Resume with the same hybrid "
+        "configuration and trainable parameters, or set `hybrid_restart_engine=True` to start afresh."
+    )
+
+
+def _gather(obj: Any, shards: Any) -> list[Any]:
+    """`obj` of every rank of the engine's shard group, in rank order (a collective)."""
+    import torch.distributed
+
+    gathered: list[Any] = [None] * shards.world_size
+    torch.distributed.all_gather_object(gathered, obj, group=shards.group)
+    return gathered

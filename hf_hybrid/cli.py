@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="plain Trainer vs HybridHFTrainer on a small model, offline, a few minutes on CPU",
         description="Train a small byte-level GPT-2 on the Python standard library's source twice, with "
         "the plain transformers.Trainer and with HybridHFTrainer (same init, data, arguments and "
-        "learning rate), and print what the phase machine did. A demo, not a benchmark.",
+        "learning rate), and print what the phase machine did; then both again with a learning-rate spike "
+        "at mid-run, which the hybrid trainer's spike guard rolls back. A demo, not a benchmark.",
     )
     demo.add_argument(
         "--size",
@@ -91,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--json", metavar="PATH", default=None, help="also write the results table as JSON here"
     )
+    demo.add_argument(
+        "--no-spike",
+        action="store_true",
+        help="skip the second pair of runs, with the learning rate x30 for 3 steps at mid-run (plain "
+        "against the hybrid trainer's spike guard)",
+    )
     return parser
 
 
@@ -114,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             learning_rate=args.learning_rate,
             batch_size=args.batch_size,
             json_path=args.json,
+            spike=not args.no_spike,
         )
         return 0
     if args.command == "bench":

@@ -23,6 +23,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
 
 from .args import HybridArgumentsMixin, HybridTrainingArguments
+from .bench.faults import LR_FACTOR, FaultWindow, fault_window, inject
 from .data import BYTE_VOCAB_SIZE, stdlib_lm_datasets
 from .trainer import HybridHFTrainer
 
@@ -70,6 +71,7 @@ _DEMO_HYBRID = {
     "hybrid_full_steps": 10,
     "hybrid_max_predict_steps": 8,
     "hybrid_confidence_threshold": 0.3,
+    "hybrid_spike_guard": "on",  # auto leaves a full fine-tune unguarded; the demo shows what it does
 }
 SIZES: dict[str, DemoSize] = {
     "default": DemoSize(
@@ -87,6 +89,8 @@ SIZES: dict[str, DemoSize] = {
             "hybrid_max_predict_steps": 4,
             "hybrid_min_history": 4,
             "hybrid_confidence_threshold": 0.0,
+            "hybrid_spike_guard": "on",
+            "hybrid_guard_every": 5,
         },
     ),
 }
@@ -105,8 +109,11 @@ def run_demo(
     batch_size: int = 16,
     json_path: str | Path | None = None,
     out: Callable[[str], None] = print,
+    spike: bool = True,
 ) -> dict[str, Any]:
-    """Train plain, then hybrid; print the table through `out`; return (and write) the results."""
+    """Train plain, then hybrid; with `spike`, both again with the learning rate x30 for 3 steps at
+    mid-run (what a bad batch or a scheduler bug does); print the table through `out`; return (and write)
+    the results."""
     if size not in SIZES:
         raise ValueError(f"`size` must be one of {sorted(SIZES)}, got {size!r}")
     spec = SIZES[size]
@@ -144,16 +151,22 @@ def run_demo(
         for line in header:
             out(line)
 
+        burst = fault_window("lr_burst", steps)
+        runs = [("plain", None), ("hybrid", None)]
+        if spike:
+            label = f"lr x{LR_FACTOR:g} at step {burst.start + 1}"
+            runs += [(f"plain, {label}", burst), (f"hybrid, {label}", burst)]
         rows = []
-        for name in ("plain", "hybrid"):
+        for name, fault in runs:
             out(f"--- {name} run ---")
-            if name == "plain":
-                args = TrainingArguments(output_dir=str(output_dir / name), **common)
+            folder = str(output_dir / name.split(",")[0]) + ("-spike" if fault else "")
+            if name.startswith("plain"):
+                args = TrainingArguments(output_dir=folder, **common)
                 trainer_cls: type[Trainer] = Trainer
             else:
-                args = HybridTrainingArguments(output_dir=str(output_dir / name), **common, **spec.hybrid)
+                args = HybridTrainingArguments(output_dir=folder, **common, **spec.hybrid)
                 trainer_cls = HybridHFTrainer
-            rows.append(_run_one(name, trainer_cls, args, config, train, evaluation, out))
+            rows.append(_run_one(name, trainer_cls, args, config, train, evaluation, out, fault))
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -213,10 +226,13 @@ def _run_one(
     train: Any,
     evaluation: Any,
     out: Callable[[str], None],
+    fault: FaultWindow | None = None,
 ) -> dict[str, Any]:
     torch.manual_seed(args.seed)  # same initial weights for both runs
     model = GPT2LMHeadModel(config)
     trainer = trainer_cls(model=model, args=args, train_dataset=train, eval_dataset=evaluation)
+    if fault is not None:
+        inject(trainer, fault, args.seed)
     trainer.remove_callback(ProgressCallback)
     trainer.add_callback(_ShortLogProgress())
     start = time.perf_counter()
@@ -234,6 +250,7 @@ def _run_one(
             "backward_skipped": stats["backward_skipped"],
             "backward_skipped_fraction": stats["backward_skipped_fraction"],
             "rollbacks": stats["rollbacks"],
+            "restores": stats["restores"] if stats["spike_guard"] else None,
             "hybrid_stats": stats,
         }
         _save_json(Path(args.output_dir) / "hybrid_timeline.json", trainer.hybrid_timeline)
@@ -246,6 +263,7 @@ def _run_one(
             "backward_skipped": 0,
             "backward_skipped_fraction": 0.0,
             "rollbacks": 0,
+            "restores": None,
         }
     row.update(eval_loss=eval_loss, wall_clock_s=wall, num_parameters=model.num_parameters())
     _save_json(Path(args.output_dir) / "log_history.json", trainer.state.log_history)
@@ -261,6 +279,7 @@ def format_table(results: dict[str, Any]) -> list[str]:
         "backward run",
         "backward skipped",
         "rollbacks",
+        "restores",
         "eval loss",
         "wall s",
         "wall / plain",
@@ -279,6 +298,7 @@ def format_table(results: dict[str, Any]) -> list[str]:
                 str(row["backward_run"]),
                 f"{row['backward_skipped']} ({row['backward_skipped_fraction']:.1%})",
                 str(row["rollbacks"]) if phases else "-",
+                "-" if row.get("restores") is None else str(row["restores"]),
                 f"{row['eval_loss']:.4f}",
                 f"{row['wall_clock_s']:.1f}",
                 f"{row['wall_clock_ratio']:.2f}x",

@@ -16,10 +16,14 @@ from typing import Any
 
 from .engine.config import EngineConfig
 from .engine.phases import PhaseSchedule
+from .engine.spike_guard import GUARD_DEVICES, SpikeGuardConfig
 from .engine.validation import ConfigError, check_bool, check_choice, check_int
 
 PREFIX = "hybrid_"
 CONSOLE_METRICS = ("compact", "full")
+SPIKE_GUARD_MODES = ("auto", "on", "off")
+_GUARD_DEFAULTS = SpikeGuardConfig()
+AUTO_GUARD_FRACTION = 0.1  # `hybrid_spike_guard=auto` guards runs that train at most this share
 
 
 def engine_target(hybrid_name: str) -> tuple[str, str] | None:
@@ -139,6 +143,37 @@ class HybridArgumentsMixin:
         },
     )
 
+    hybrid_spike_guard: str = field(
+        default="auto",
+        metadata={
+            "help": "Roll back loss spikes in every step, predicted or not: copies of the trainable "
+            "weights and optimizer state every hybrid_guard_every steps; on a spike the last trusted copy is "
+            "restored and the batches since are skipped. auto: on when at most 10% of the parameters "
+            "train (LoRA and other adapters: the copies are small), off for full fine-tunes (two copies of "
+            "the weights and the optimizer state in host memory); on; off.",
+            "choices": list(SPIKE_GUARD_MODES),
+        },
+    )
+    hybrid_guard_every: int = field(
+        default=_GUARD_DEFAULTS.every,
+        metadata={"help": "Optimizer steps between two copies of the spike guard (>= 1)."},
+    )
+    hybrid_guard_max_restores: int = field(
+        default=_GUARD_DEFAULTS.max_restores,
+        metadata={
+            "help": f"At most this many restores in any {_GUARD_DEFAULTS.window} steps; after that the "
+            "guard says so and lets the run train through until the window has passed (>= 0)."
+        },
+    )
+    hybrid_guard_device: str = field(
+        default=_GUARD_DEFAULTS.device,
+        metadata={
+            "help": "Where the spike guard's copies live: cpu (host memory, pinned on CUDA) or same "
+            "(the parameters' device).",
+            "choices": list(GUARD_DEVICES),
+        },
+    )
+
     def __post_init__(self) -> None:
         self.validate_hybrid_args()
         super().__post_init__()  # type: ignore[misc]
@@ -150,6 +185,7 @@ class HybridArgumentsMixin:
                 check_bool(name, getattr(self, name))
             check_int("hybrid_probe_batches", self.hybrid_probe_batches, 0, 1024)
             check_choice("hybrid_console_metrics", self.hybrid_console_metrics, CONSOLE_METRICS)
+            check_choice("hybrid_spike_guard", self.hybrid_spike_guard, SPIKE_GUARD_MODES)
             if isinstance(self.hybrid_predictor_kwargs, str):
                 self.hybrid_predictor_kwargs = _json_object(
                     "hybrid_predictor_kwargs", self.hybrid_predictor_kwargs
@@ -157,6 +193,20 @@ class HybridArgumentsMixin:
             self.engine_config()
         except ConfigError as exc:
             raise ValueError(exc.message(hybrid_name)) from None
+        try:
+            self.spike_guard_config(trainable_fraction=0.0)
+        except ConfigError as exc:
+            raise ValueError(exc.message(lambda name: f"hybrid_guard_{name}")) from None
+
+    def spike_guard_config(self, trainable_fraction: float) -> SpikeGuardConfig:
+        """The spike guard's settings; the share of the model's parameters that train decides `auto`."""
+        mode = self.hybrid_spike_guard
+        return SpikeGuardConfig(
+            enabled=mode == "on" or (mode == "auto" and trainable_fraction <= AUTO_GUARD_FRACTION),
+            every=self.hybrid_guard_every,
+            max_restores=self.hybrid_guard_max_restores,
+            device=self.hybrid_guard_device,
+        )
 
     def engine_config(self) -> EngineConfig:
         """The engine's view of these arguments: `hybrid_<name>` sets field `<name>` of the engine's

@@ -151,3 +151,12 @@ def _num(value: float | None) -> str:
 
 def _setting(value: float | None) -> str:
     return "n/a" if value is None else f"{value:g}"
+
+
+def local_base_model(model: Any) -> str | None:
+    """The local directory a pretrained model (or a peft adapter's base) was loaded from, if any:
+    transformers infers a card's base model only from a Hub name."""
+    peft_config = getattr(model, "peft_config", None)
+    names = [getattr(c, "base_model_name_or_path", None) for c in (peft_config or {}).values()]
+    names.append(getattr(getattr(model, "config", None), "_name_or_path", None))
+    return next((name for name in names if isinstance(name, str) and name and os.path.isdir(name)), None)

@@ -49,6 +49,14 @@ def run_summary(stats: Mapping[str, Any]) -> str:
         f"{stats['backward_skipped']} backward passes skipped ({stats['backward_skipped_fraction']:.1%})",
         f"{stats['rollbacks']} rollback{'s' if stats['rollbacks'] != 1 else ''}",
     ]
+    if stats.get("spike_guard"):
+        restores = stats["restores"]
+        parts.append(
+            f"spike guard: {restores} restore{'s' if restores != 1 else ''}"
+            + (f" at step {', '.join(map(str, stats['restore_steps']))}" if restores else "")
+            + f" ({stats['spike_skipped_steps']} batches skipped,"
+            + f" {_bytes(stats['spike_guard_bytes'])} of copies)"
+        )
     timing = stats.get("timing") or {}
     cost = f"engine: {_bytes(stats['engine_bytes'])} now, {_bytes(stats['engine_peak_bytes'])} at most"
     if timing.get("engine_time_share") is not None:
@@ -56,6 +64,31 @@ def run_summary(stats: Mapping[str, Any]) -> str:
     text = "hf_hybrid: " + "; ".join(parts) + f"; {cost}."
     reason = no_predict_reason(stats)
     return text if reason is None else f"{text} {reason}"
+
+
+def disabled_stats(config: Any) -> dict[str, Any]:
+    """`hybrid_stats()` of a run without the engine (`hybrid_enabled=False`, an unsupported set-up): the
+    keys of a run that predicted nothing, with zeros, so a script reading them never hits a KeyError."""
+    from .engine.accounting import StepCounters
+    from .engine.footprint import MemoryMeter
+    from .engine.spike_guard import SPIKE_GUARD_OFF
+    from .engine.timing import PartTimer
+
+    return {
+        "enabled": False,
+        **StepCounters().summary(config.probe_cost),
+        "predictor": config.predictor,
+        "predictor_bytes": 0,
+        **MemoryMeter(tuple).stats(),
+        **SPIKE_GUARD_OFF,
+        "max_confidence": 0.0,
+        "confidence_threshold": config.schedule.confidence_threshold,
+        "phase": None,
+        "warmup_steps_left": None,
+        "timing": PartTimer().summary(),
+        "no_predict_reason": "The hybrid engine did not run (hybrid_enabled=False, or a set-up it does not "
+        "support, which the start of training warned about).",
+    }
 
 
 def no_predict_reason(stats: Mapping[str, Any]) -> str | None:

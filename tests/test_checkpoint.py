@@ -103,7 +103,7 @@ def test_a_changed_predictor_is_refused_and_restart_engine_accepts_it(straight_r
     trainer = hybrid_trainer(
         tmp_path / "b", max_steps=40, hybrid_predictor="lowrank", hybrid_restart_engine=True
     )
-    with caplog.at_level("WARNING", logger="hf_hybrid.trainer"):
+    with caplog.at_level("WARNING", logger="hf_hybrid"):
         trainer.train(resume_from_checkpoint=folder)
     assert trainer.state.global_step == 40
     # a new engine, not a new history: the counters and the timeline carry on from the checkpoint
@@ -366,3 +366,53 @@ def test_rotation_keeps_each_hybrid_state_with_its_checkpoint(tmp_path):
     assert folders == ["checkpoint-25", "checkpoint-30"]
     for name in folders:
         assert (tmp_path / name / HYBRID_STATE_FILE).is_file()
+
+
+def test_a_checkpoint_without_its_hybrid_state_is_refused_once_or_restarted_at_its_step(tmp_path, caplog):
+    """Issue 24, item 4: the warning said "training starts from step 0, so steps 1-40 will be trained
+    again" and then the resume raised. Now: one error that names what is missing and the escape; with
+    `hybrid_restart_engine=True` the run resumes at the checkpoint's step, and nothing says otherwise."""
+    out = tmp_path / "out"
+    hybrid_trainer(out, max_steps=20, save_strategy="steps", save_steps=20).train()
+    (out / "checkpoint-20" / HYBRID_STATE_FILE).unlink()
+    trainer = hybrid_trainer(out, max_steps=30, save_strategy="no")
+    forwards = []
+    trainer.model.register_forward_hook(lambda *args: forwards.append(1))
+    with caplog.at_level("WARNING", logger="hf_hybrid"), pytest.raises(HybridCheckpointError) as refused:
+        trainer.train(resume_from_checkpoint=True)
+    assert str(refused.value) == (
+        f"no checkpoint in {out} can be resumed (checkpoint-20 lacks {HYBRID_STATE_FILE}); set "
+        "`hybrid_restart_engine=True` to resume the newest one with a new engine, or remove them to train "
+        "from step 0"
+    )
+    assert forwards == [] and "trained again" not in caplog.text
+    caplog.clear()
+    restarted = hybrid_trainer(out, max_steps=30, save_strategy="no", hybrid_restart_engine=True)
+    with caplog.at_level("WARNING", logger="hf_hybrid"):
+        restarted.train(resume_from_checkpoint=True)
+    assert restarted.state.global_step == 30 and len(restarted.hybrid_timeline) == 30
+    assert "a new engine from" in caplog.text and "trained again" not in caplog.text
+
+
+def test_log_lines_number_steps_as_the_trainer_does_after_a_restart(straight_run, tmp_path, caplog):
+    """Issue 24, item 5: after `hybrid_restart_engine=True` a log line said "step 52" where the timeline
+    said 92; the engine now numbers its log lines by the Trainer's global step."""
+    out, _, saved = straight_run
+    step = saved["correct"]
+    trainer = hybrid_trainer(
+        tmp_path, max_steps=40, hybrid_restart_engine=True, hybrid_confidence_threshold=0.99
+    )
+    spike_at = step + 15  # after the new engine's warmup and its monitor's first observations
+
+    def spike(module, inputs, output):
+        if trainer.state.global_step + 1 == spike_at:
+            output.loss = output.loss * 5.0
+        return output
+
+    trainer.model.register_forward_hook(spike)
+    with caplog.at_level("INFO", logger="hf_hybrid"):
+        trainer.train(resume_from_checkpoint=str(out / f"checkpoint-{step}"))
+    acted = [row["step"] for row in trainer.hybrid_timeline if row["action"] != "continue"]
+    logged = [r.hybrid_step for r in caplog.records if getattr(r, "hybrid_action", None)]
+    assert acted == [spike_at] and logged == acted
+    assert f"step {spike_at} (full)" in caplog.text

@@ -77,3 +77,18 @@ def test_a_run_mostly_in_warmup_says_so_instead_of_blaming_the_threshold(tmp_pat
         "ended inside the warmup (`hybrid_warmup_steps`; all 10 steps)"
         in every.hybrid_stats()["no_predict_reason"]
     )
+
+
+def test_hybrid_stats_has_the_same_keys_with_the_engine_off(tmp_path):
+    """Issue 24, item 6: `hybrid_enabled=False` returned fewer keys (a script reading `rollbacks` got a
+    KeyError); now the same keys, zeros where nothing happened."""
+    on = hybrid_trainer(tmp_path / "on", max_steps=4, hybrid_warmup_steps=10)
+    off = hybrid_trainer(tmp_path / "off", max_steps=4, hybrid_enabled=False)
+    on.train()
+    off.train()
+    stats_on, stats_off = on.hybrid_stats(), off.hybrid_stats()
+    assert set(stats_off) == set(stats_on) and set(stats_off["timing"]) == set(stats_on["timing"])
+    assert (
+        stats_off["enabled"] is False and stats_off["rollbacks"] == 0 and stats_off["backward_skipped"] == 0
+    )
+    assert stats_off["steps_per_phase"] == {phase: 0 for phase in stats_on["steps_per_phase"]}

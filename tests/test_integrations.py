@@ -242,10 +242,10 @@ def test_torch_compile_inductor_with_predict_phases(tmp_path):
 class _DeepSpeedFlagTrainer(HybridHFTrainer):
     """Raises only the flag `_start_engine` reads; DeepSpeed itself is not installed here."""
 
-    def _start_engine(self, model):
+    def _start_engine(self, model, checkpoint=None):
         self.is_deepspeed_enabled = True
         try:
-            super()._start_engine(model)
+            super()._start_engine(model, checkpoint)
         finally:
             self.is_deepspeed_enabled = False
 

@@ -107,8 +107,7 @@ def test_a_checkpoint_missing_one_ranks_file_is_not_complete(tmp_path, caplog):
     (folder / "trainer_state.json").write_text(json.dumps(state))
     for name in (*rank_file_names(0).values(), rank_file_names(1)["state_file"]):
         (folder / name).write_bytes(b"x")
-    with caplog.at_level(logging.WARNING, logger="hf_hybrid.checkpoint"):
-        assert last_complete_checkpoint(tmp_path) is None
-    assert "hybrid_state_rank1.safetensors" in caplog.text
+    with pytest.raises(HybridCheckpointError, match="checkpoint-5 lacks hybrid_state_rank1.safetensors"):
+        last_complete_checkpoint(tmp_path)
     (folder / rank_file_names(1)["tensor_file"]).write_bytes(b"x")
     assert last_complete_checkpoint(tmp_path) == str(folder)

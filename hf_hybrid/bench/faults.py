@@ -32,6 +32,7 @@ FAULTS = ("lr_burst", "garbage", "shuffled_labels")
 LR_FACTOR, LR_STEPS = 30.0, 3
 GARBAGE_STEPS, SHUFFLED_STEPS = 2, 5
 CLEAN = "clean"
+GUARDED = "hybrid:spike_guard=on"  # the hybrid trainer with its spike guard on, whatever the model
 
 
 @dataclass(frozen=True)

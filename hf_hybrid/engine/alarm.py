@@ -27,11 +27,13 @@ class DivergenceLevel(IntEnum):
 @dataclass(frozen=True)
 class Alarm:
     """One thing that went wrong. `blames_weights=False` for failures that say nothing about the
-    parameters (a predictor that crashed while only being scored): they never cause a rollback."""
+    parameters (a predictor that crashed while only being scored): they never cause a rollback.
+    `restorable`: a loss spike the spike guard can undo by restoring its last trusted copy."""
 
     level: DivergenceLevel
     reason: str
     blames_weights: bool = True
+    restorable: bool = False
 
 
 def worst_level(alarms: Iterable[Alarm]) -> DivergenceLevel:

@@ -39,7 +39,8 @@ from .predict_phase import PhaseEnd, PredictPhase, PredictPhases
 from .predictor import DeltaPredictor, resolve_predictor_name
 from .recovery import RecoveryAction, choose_action, describe
 from .residuals import Corrector, ResidualStore
-from .sharding import ShardGroup
+from .sharding import ShardGroup, local
+from .spike_guard import SPIKE_GUARD_OFF, SpikeGuard
 from .state import FORMAT_VERSION, describe_unloadable, parameter_fingerprint
 from .step import StepOutcome, StepPlan, StepRecord
 from .timing import PartTimer, clock_for
@@ -58,6 +59,7 @@ LOGGED_STATS = (
     "backward_skipped_fraction",
     "compute_saved_fraction",
     "rollbacks",
+    "restores",
     "predictor_bytes",
     "engine_bytes",
 )
@@ -73,10 +75,12 @@ class HybridEngine:
         optimizer: torch.optim.Optimizer | None = None,
         probe: Callable[[], float] | None = None,
         predictor: DeltaPredictor | None = None,
+        spike_guard: SpikeGuard | None = None,
     ) -> None:
         """`probe()` returns the loss of fixed batches (identical on every rank); with it, a predict phase
         is kept only if that loss fell from the phase's start to its end, instead of the noisier
-        training-loss regression test. `predictor` replaces the one `config.predictor` names."""
+        training-loss regression test. `predictor` replaces the one `config.predictor` names.
+        `spike_guard` judges every WARMUP and FULL step and restores its copy on a loss spike."""
         self.config = config or EngineConfig()
         if not params:
             raise ValueError("HybridEngine needs at least one trainable parameter; the model has none")
@@ -84,6 +88,7 @@ class HybridEngine:
         self.shards = ShardGroup.of(self.params)  # FSDP2's sharded DTensors, or none
         self.probe = probe
         self.optimizer = optimizer
+        self.spike_guard = spike_guard
         # what the hybrid machinery costs, by part; the caller's hooks are charged to it too
         self.timer = PartTimer(clock_for(self.params.values()))
         s = self.schedule = self.config.schedule
@@ -118,7 +123,7 @@ class HybridEngine:
         self.last_level = DivergenceLevel.NORMAL
         self.step_number = 0  # the caller's number of the current step (`begin_step`), for log lines
         self.max_confidence = 0.0  # highest confidence measured after warmup (the summary's "why not")
-        self.meter = MemoryMeter(self._tensors, lambda: (self.awake, self.guard.buffer_counts()))
+        self.meter = MemoryMeter(self._tensors, self._layout)
 
     @property
     def predictor(self) -> DeltaPredictor:
@@ -217,6 +222,12 @@ class HybridEngine:
             if not skip_nonfinite:  # a GradScaler must still see it (it skips non-finite steps itself)
                 self.learner.real_update(optimizer_step)
             return self._outcome(phase, loss, False, alarms, self._recover(alarms, phase))
+        guarded = self.spike_guard is not None and phase is not Phase.CORRECT
+        if guarded:
+            with self.timer.part("spike_guard"):
+                spike = self.spike_guard.check(loss, grad_norm)
+            if spike is not None:
+                alarms.append(Alarm(DivergenceLevel.CRITICAL, f"loss spike: {spike}", restorable=True))
         if phase is not Phase.CORRECT:
             with self.timer.part("decide"):
                 self.wakefulness.update(self.confidence, self.step_number)
@@ -230,6 +241,9 @@ class HybridEngine:
         with self.timer.part("loss_forecaster"):
             self.losses.measure(loss, record.learning_rate, grad_norm, phase.index)
         action = self._recover(alarms, phase)
+        if guarded and action is not RecoveryAction.RESTORE:
+            with self.timer.part("spike_guard"):
+                self.spike_guard.observe(self.step_number, loss, grad_norm, applied=True)
         if phase is Phase.CORRECT and self.phase is not None:
             skill = 0.0 if residual is None else residual.skill(self.corrector.scale)
             # a phase validated under a CAUTION keeps the halved cap instead of widening it again
@@ -263,7 +277,12 @@ class HybridEngine:
         with self.timer.part("recovery"):
             phase_was_open = self.phase is not None
             can_roll_back = self.config.rollback and self.guard.has_snapshot
-            action = choose_action(alarms, phase_open=phase_was_open, can_roll_back=can_roll_back)
+            action = choose_action(
+                alarms,
+                phase_open=phase_was_open,
+                can_roll_back=can_roll_back,
+                can_restore=lambda: self._can_restore(alarms),
+            )
             self.last_level = worst_level(alarms)
             if action is RecoveryAction.ROLLBACK:
                 with self.timer.part("snapshot"):
@@ -272,6 +291,8 @@ class HybridEngine:
                 self.counters.add("rollbacks")
                 self.phases.end(PhaseEnd.ROLLED_BACK)
                 self._force_full()
+            elif action is RecoveryAction.RESTORE:
+                self._restore(alarms)
             elif action is RecoveryAction.FORCE_FULL:
                 if self.phase is not None:
                     self.phases.end(PhaseEnd.ABANDONED)
@@ -282,6 +303,21 @@ class HybridEngine:
                 text, notable = describe(action, alarms, self.schedule.full_steps, phase_was_open)
                 _log_action(self.step_number, step_phase, action, text, notable)
         return action
+
+    def _can_restore(self, alarms: list[Alarm]) -> bool:
+        guard = self.spike_guard
+        return guard is not None and guard.can_restore(self.step_number, _spike_reasons(alarms))
+
+    def _restore(self, alarms: list[Alarm]) -> None:
+        """The spike guard puts its copy back; the predictors forget the updates they saw since (the
+        spike's among them) and measure the next real update from the restored weights."""
+        assert self.spike_guard is not None
+        with self.timer.part("spike_guard"):
+            self.spike_guard.restore(self.step_number, _spike_reasons(alarms))
+            self.watch.reset_to({name: local(p).detach() for name, p in self.params.items()})
+            self.watch.reset()
+        self.counters.add("restores")
+        self._force_full()
 
     def _force_full(self) -> None:
         self.counters.add("forced_full")
@@ -325,6 +361,7 @@ class HybridEngine:
             "confidence_threshold": self.schedule.confidence_threshold,
             "phase": None if self.controller.phase is None else self.controller.phase.value,
             "warmup_steps_left": self.controller.warmup_steps_left(),
+            **(SPIKE_GUARD_OFF if self.spike_guard is None else self.spike_guard.stats()),
         }
 
     def metrics(self) -> dict[str, float]:
@@ -344,7 +381,13 @@ class HybridEngine:
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
 
     def _tensors(self) -> list[torch.Tensor]:
-        return [*self.watch.tensors(), *self.guard.tensors(), *self.losses.tensors()]
+        copies = [] if self.spike_guard is None else self.spike_guard.tensors()
+        return [*self.watch.tensors(), *self.guard.tensors(), *self.losses.tensors(), *copies]
+
+    def _layout(self) -> tuple[Any, ...]:
+        """Which buffers exist (the memory meter counts again when this changes)."""
+        copies = 0 if self.spike_guard is None else self.spike_guard.buffer_count()
+        return self.awake, self.guard.buffer_counts(), copies
 
     def nbytes(self) -> int:
         """Bytes of the engine's tensors now (counted; `stats()` has them by device, as last counted)."""
@@ -356,7 +399,8 @@ class HybridEngine:
         """The components that checkpoint themselves, by their key in the state, in the order they are
         restored (the predict phases' are "bandit" and "phase")."""
         names = ("controller", "watch", "losses", "monitor", "store", "corrector", "guard", "counters")
-        return {name: getattr(self, name) for name in names}
+        parts = {name: getattr(self, name) for name in names}
+        return parts if self.spike_guard is None else {**parts, "spike_guard": self.spike_guard}
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly, mid-phase included (tensors and plain values).
@@ -396,6 +440,8 @@ class HybridEngine:
         if problem:
             raise ValueError(problem)
         for name, part in self._parts().items():
+            if name == "spike_guard" and name not in state:
+                continue  # saved with the guard off (or before it existed): it starts with an empty window
             part.load_state_dict(state[name])
         self.phases.load_state_dict(state)
         self.steps_since_real = int(state["steps_since_real"])
@@ -405,6 +451,10 @@ class HybridEngine:
         self.timer.load_state_dict(state.get("timing"))
         self.meter.load_state_dict(state["peak_memory"])
         self.plan = None
+
+
+def _spike_reasons(alarms: list[Alarm]) -> str:
+    return "; ".join(a.reason for a in alarms if a.restorable)
 
 
 def _log_action(step: int, phase: Phase, action: RecoveryAction, text: str, notable: bool) -> None:

@@ -4,21 +4,28 @@ In the spirit of accelerate's `AcceleratedOptimizer`: it holds the real optimize
 `state_dict`, `param_groups`, `zero_grad`, `train`/`eval` through, so a training loop that calls
 `optimizer.step()` where it always does gets the engine's decision there: the real step, or the
 predicted update (the real optimizer untouched). `step_was_predicted` says which, like accelerate's
-`step_was_skipped`. The loop supplies what it measured in the step through `record()`.
+`step_was_skipped`.
+
+What the step measured travels with the step: a loop either passes `record` (a callable that returns the
+step's `StepRecord`), or opens each step with `begin_step()` and hands over its micro-batch losses
+(`add_loss`) and the gradient norm (`set_grad_norm`); `step()` then averages the losses over ranks with
+`mean_over_ranks`, reads the `learning_rate`, and gives `on_outcome` the engine's `StepOutcome` and the
+step's host seconds.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .engine import HybridEngine, StepOutcome, StepRecord
+from .engine import HybridEngine, StepOutcome, StepPlan, StepRecord
 
 
 class HybridOptimizer(torch.optim.Optimizer):
-    """Wraps `optimizer`; `record()` returns the step's `StepRecord` when `step()` is called.
+    """Wraps `optimizer`; see the module docstring for how a step's measurements reach the engine.
 
     `skip_nonfinite_step=False` when the wrapped optimizer must see every real step (a fp16 GradScaler
     skips non-finite ones itself).
@@ -28,16 +35,48 @@ class HybridOptimizer(torch.optim.Optimizer):
         self,
         optimizer: torch.optim.Optimizer,
         engine: HybridEngine,
-        record: Callable[[], StepRecord],
+        record: Callable[[], StepRecord] | None = None,
         skip_nonfinite_step: bool = True,
+        *,
+        mean_over_ranks: Callable[[torch.Tensor], torch.Tensor] = lambda total: total,
+        learning_rate: Callable[[], float] | None = None,
+        on_outcome: Callable[[StepOutcome, float], None] | None = None,
     ) -> None:
         # The base class is not initialised on purpose: all state lives in the wrapped optimizer.
         self.optimizer = optimizer
         self.engine = engine
-        self.record = record
+        self.record = record or self._measured
         self.skip_nonfinite_step = skip_nonfinite_step
+        self.mean_over_ranks = mean_over_ranks
+        self.learning_rate = learning_rate or (lambda: float(self.optimizer.param_groups[0]["lr"]))
+        self.on_outcome = on_outcome
         self.step_was_predicted = False
         self.last_outcome: StepOutcome | None = None
+        self.plan: StepPlan | None = None
+        self._losses: list[torch.Tensor] = []
+        self._grad_norm: float | None = None
+        self._started = 0.0
+
+    # ---- one step's measurements ----------------------------------------------------------------
+
+    def begin_step(self, step_number: int | None = None) -> StepPlan:
+        """Open an optimizer step: the engine decides its phase (`plan`); its measurements start empty."""
+        self._losses, self._grad_norm, self._started = [], None, time.perf_counter()
+        self.plan = self.engine.begin_step(step_number)
+        return self.plan
+
+    def add_loss(self, loss: torch.Tensor) -> None:
+        """A micro-batch's loss, already scaled for gradient accumulation (as the loop logs it)."""
+        self._losses.append(loss.detach())
+
+    def set_grad_norm(self, grad_norm: float | None) -> None:
+        self._grad_norm = grad_norm
+
+    def _measured(self) -> StepRecord:
+        loss = None
+        if self._losses:
+            loss = float(self.mean_over_ranks(torch.stack(self._losses).sum()))
+        return StepRecord(loss, self._grad_norm, self.learning_rate())
 
     @property
     def state(self) -> Any:
@@ -85,7 +124,9 @@ class HybridOptimizer(torch.optim.Optimizer):
                 skip_nonfinite_step=self.skip_nonfinite_step,
             )
             self.step_was_predicted = not outcome.phase.runs_backward
-            self.last_outcome = outcome
+            self.last_outcome, self.plan = outcome, None
+            if self.on_outcome is not None:
+                self.on_outcome(outcome, time.perf_counter() - self._started)
 
     def __repr__(self) -> str:
         return f"HybridOptimizer({self.optimizer!r})"

@@ -9,14 +9,18 @@ cannot disagree with what happened.
     no alarm / NORMAL            -> CONTINUE
     CAUTION                      -> SHORTEN_HORIZON (halve the rest of the phase and the horizon cap)
     WARNING or CRITICAL          -> ROLLBACK when a predict phase is open, an alarm blames its weights,
-                                    a snapshot exists and rollback is enabled; FORCE_FULL otherwise.
-ROLLBACK restores the phase's snapshot and also forces FULL steps; FORCE_FULL ends an open phase as
-failed (without touching the weights) and trains FULL for the schedule's `full_steps`.
+                                    a snapshot exists and rollback is enabled;
+                                    RESTORE when no phase is open, an alarm is a loss spike and the spike
+                                    guard can restore (a trusted copy, under its cap); FORCE_FULL otherwise.
+ROLLBACK restores the phase's snapshot and also forces FULL steps; RESTORE puts back the spike guard's
+trusted copy of the weights and optimizer state (the batches since are skipped) and forces FULL steps;
+FORCE_FULL ends an open phase as failed (without touching the weights) and trains FULL for the
+schedule's `full_steps`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from enum import Enum
 
 from .alarm import NONFINITE_STEP, Alarm, DivergenceLevel, worst_level
@@ -31,17 +35,27 @@ class RecoveryAction(str, Enum):
     SHORTEN_HORIZON = "shorten_horizon"
     FORCE_FULL = "force_full"
     ROLLBACK = "rollback"
+    RESTORE = "restore"
 
 
-def choose_action(alarms: Iterable[Alarm], *, phase_open: bool, can_roll_back: bool) -> RecoveryAction:
-    """The single rule table above. `can_roll_back`: rollback is enabled and a snapshot exists."""
+def choose_action(
+    alarms: Iterable[Alarm],
+    *,
+    phase_open: bool,
+    can_roll_back: bool,
+    can_restore: Callable[[], bool] = lambda: False,
+) -> RecoveryAction:
+    """The single rule table above. `can_roll_back`: rollback is enabled and a snapshot exists;
+    `can_restore()`: the spike guard has a trusted copy and is under its cap (asked only for a spike)."""
     alarms = list(alarms)
     level = worst_level(alarms)
     if level >= DivergenceLevel.WARNING:
         blamed = any(a.blames_weights for a in alarms if a.level >= DivergenceLevel.WARNING)
-        return (
-            RecoveryAction.ROLLBACK if phase_open and blamed and can_roll_back else RecoveryAction.FORCE_FULL
-        )
+        if phase_open and blamed and can_roll_back:
+            return RecoveryAction.ROLLBACK
+        if not phase_open and any(a.restorable for a in alarms) and can_restore():
+            return RecoveryAction.RESTORE
+        return RecoveryAction.FORCE_FULL
     if level is DivergenceLevel.CAUTION:
         return RecoveryAction.SHORTEN_HORIZON
     return RecoveryAction.CONTINUE
@@ -57,6 +71,7 @@ def describe(
     done = {
         RecoveryAction.CONTINUE: "carried on",
         RecoveryAction.ROLLBACK: f"rolled back to the start of the predict phase, then {full}",
+        RecoveryAction.RESTORE: f"restored the spike guard's last trusted copy, then {full}",
         RecoveryAction.FORCE_FULL: f"ended the predict phase, then {full}"
         if ended_phase
         else f"{full} before the next predict phase",
@@ -66,6 +81,8 @@ def describe(
     if skipped:
         done = "skipped the optimizer step; " + done
     notable = (
-        action is RecoveryAction.ROLLBACK or (action is RecoveryAction.FORCE_FULL and ended_phase) or skipped
+        action in (RecoveryAction.ROLLBACK, RecoveryAction.RESTORE)
+        or (action is RecoveryAction.FORCE_FULL and ended_phase)
+        or skipped
     )
     return "; ".join(a.reason for a in alarms) + f" -> {done}", notable

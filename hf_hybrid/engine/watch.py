@@ -207,7 +207,8 @@ class UpdateWatch:
     # ---- memory and checkpoints --------------------------------------------------------------------
 
     def predictor_bytes(self) -> int:
-        return sum(p.nbytes() for p in self._predictors())
+        """The acting predictor's buffers; awake, the scorer beside it counts in the engine's bytes only."""
+        return self.predictor.nbytes()
 
     def tensors(self) -> list[torch.Tensor]:
         return [

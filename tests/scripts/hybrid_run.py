@@ -24,7 +24,7 @@ torch.set_num_threads(1)
 
 from helpers import SaveAt, hybrid_trainer, lora_gpt2, step_logs, tiny_gpt2  # noqa: E402
 
-import hf_hybrid.trainer as trainer_module  # noqa: E402
+import hf_hybrid.checkpoint as checkpoint_module  # noqa: E402
 
 
 def main() -> None:
@@ -78,7 +78,7 @@ def main() -> None:
 
 def _kill_inside_save(trainer, step: int) -> None:
     """SIGKILL this process after the hybrid tensors of checkpoint-`step` were written, mid-save."""
-    original = trainer_module.save_engine_state
+    original = checkpoint_module.save_engine_state
 
     def save_then_die(state, folder, write_files, **kwargs):
         entry = original(state, folder, write_files, **kwargs)
@@ -86,7 +86,7 @@ def _kill_inside_save(trainer, step: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return entry
 
-    trainer_module.save_engine_state = save_then_die
+    checkpoint_module.save_engine_state = save_then_die
 
 
 def _kill_at_step(trainer, step: int) -> None:

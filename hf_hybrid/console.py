@@ -1,0 +1,139 @@
+"""What the hybrid trainer adds to HF's console and callbacks: the compact `hybrid` entry in the printed
+logs, the phase on the tqdm bar, the timeline plot and the summary at the end of training.
+
+HF's own console callbacks are replaced by subclasses (`install_console`), so `disable_tqdm`, the log
+format and `log_level` behave as users know them; trackers and `trainer_state.json` get every
+`hybrid/*` key, only the console folds them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from tqdm.auto import tqdm
+from transformers import Trainer
+from transformers.trainer_callback import PrinterCallback, ProgressCallback, TrainerCallback
+
+from .engine.phases import Phase
+from .telemetry import (
+    TIMELINE_PLOT_FILE,
+    console_line,
+    log_image_to_wandb,
+    plot_timeline,
+    progress_postfix,
+    run_summary,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def install_console(trainer: Trainer) -> None:
+    """The step callback (first micro-batch, plot, summary) and HF's console callback made hybrid."""
+    trainer.add_callback(HybridStepCallback(trainer))
+    for default, ours in (
+        (ProgressCallback, HybridProgressCallback),
+        (PrinterCallback, HybridPrinterCallback),
+    ):
+        if trainer.pop_callback(default) is not None:
+            trainer.add_callback(ours(trainer))
+
+
+def console_logs(trainer: Any, logs: Mapping[str, Any]) -> dict[str, Any]:
+    """The logs as the console shows them: `hybrid/*` keys folded into one `hybrid` entry (unless
+    `hybrid_console_metrics="full"`, which prints every key with the phase by its name)."""
+    if trainer.engine is None:
+        return dict(logs)
+    if trainer.args.hybrid_console_metrics == "full":
+        return {k: phase_name(v) if k == "hybrid/phase" else v for k, v in logs.items()}
+    shown = {key: value for key, value in logs.items() if not key.startswith("hybrid/")}
+    if len(shown) < len(logs) and "train_runtime" not in logs:
+        stats = trainer.engine.stats()
+        shown["hybrid"] = console_line(stats["phase"], stats)
+    return shown
+
+
+def phase_name(code: float) -> str:
+    """`hybrid/phase` as the console shows it: the name of the phase whose `Phase.index` it is."""
+    return list(Phase)[int(code)].value
+
+
+class HybridStepCallback(TrainerCallback):
+    """Opens each optimizer step on its first micro-batch (the engine decides the phase there); after the
+    last step, the timeline plot and the summary in the log. Registered after the reporters, so a W&B run
+    is still open for the plot."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.trainer.engine is not None:
+            with self.trainer.engine.timer.part("trainer"):
+                self.trainer.optimizer.begin_step(state.global_step + 1)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        trainer = self.trainer
+        if trainer.engine is None or not state.is_world_process_zero:
+            return
+        publish_timeline_plot(trainer)
+        logger.info(run_summary(trainer.hybrid_stats()))
+
+
+def publish_timeline_plot(trainer: Any) -> None:
+    """`output_dir/hybrid_timeline.png`, and the same image on the W&B run."""
+    if not trainer.hybrid_timeline:
+        return
+    try:
+        path = plot_timeline(
+            trainer.hybrid_timeline, os.path.join(trainer.args.output_dir, TIMELINE_PLOT_FILE)
+        )
+    except (ImportError, OSError) as exc:  # the trained model matters more than its plot
+        logger.warning("hf_hybrid: could not write the phase-timeline plot: %r", exc)
+        return
+    from transformers.integrations import WandbCallback
+
+    for callback in trainer.callback_handler.callbacks:
+        wandb = getattr(callback, "_wandb", None) if isinstance(callback, WandbCallback) else None
+        if wandb is not None and getattr(callback, "_initialized", False) and wandb.run is not None:
+            log_image_to_wandb(wandb, path, trainer.state.global_step)
+
+
+class HybridProgressCallback(ProgressCallback):
+    """HF's tqdm callback: the phase and skipped share on the bar, the `hybrid/*` keys folded into one
+    entry of the printed logs, and the summary after the last step."""
+
+    def __init__(self, trainer: Any) -> None:
+        super().__init__()
+        self.trainer = trainer
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        super().on_step_end(args, state, control, **kwargs)
+        engine = self.trainer.engine
+        if engine is not None and self.training_bar is not None:
+            with engine.timer.part("trainer"):
+                stats = engine.stats()
+                self.training_bar.set_postfix(progress_postfix(stats["phase"], stats), refresh=False)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        super().on_log(args, state, control, logs=console_logs(self.trainer, logs or {}), **kwargs)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        super().on_train_end(args, state, control, **kwargs)
+        if state.is_world_process_zero and self.trainer.engine is not None:
+            tqdm.write(run_summary(self.trainer.hybrid_stats()))
+
+
+class HybridPrinterCallback(PrinterCallback):
+    """HF's plain console callback (`disable_tqdm=True`), with the same compact entry and summary."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+        super().on_log(args, state, control, logs=console_logs(self.trainer, logs or {}), **kwargs)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.is_world_process_zero and self.trainer.engine is not None:
+            print(run_summary(self.trainer.hybrid_stats()))  # the console, as PrinterCallback prints logs

@@ -1,0 +1,327 @@
+"""The spike guard: a loss spike in any step, predicted or not, is rolled back instead of trained through.
+
+What large runs do by hand when the loss spikes (restart from a checkpoint before the spike, skip the
+batches that caused it), done on the fly: every `every` applied real steps the trainable parameters and
+the optimizer state are copied (to host memory by default). A copy is *pending* until `trust_after` clean
+steps have followed it, then *trusted*: a spike is often seen a step after the update that caused it (a
+learning-rate burst shows in the next batch's loss), so only a copy with clean steps after it is a state
+to go back to. When a real step's loss or gradient norm is a spike against the recent steps
+(`SpikeDetector`), the trusted copy is restored, weights and optimizer state; the batches since it
+are skipped (the data loader moves on, the learning-rate schedule follows the step count as it always
+does). At most `max_restores` restores in any `window` steps: after that it says so and lets the run
+train as the plain loop would, until the window has passed.
+
+Non-finite steps are not spikes here: they are never applied (or a GradScaler skips them itself).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .sharding import local
+from .validation import check_bool, check_choice, check_float, check_int
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["SPIKE_GUARD_OFF", "SpikeDetector", "SpikeGuard", "SpikeGuardConfig"]
+
+GUARD_DEVICES = ("cpu", "same")
+LEVEL_STEPS = 5  # the loss's current level: the median of this many recent clean steps
+SPIKE_GUARD_OFF: dict[str, Any] = {
+    "spike_guard": False,
+    "restores": 0,
+    "spike_skipped_steps": 0,
+    "restore_steps": [],
+    "spike_guard_bytes": 0,
+}  # a run's spike-guard stats when it is off
+
+
+@dataclass(frozen=True)
+class SpikeGuardConfig:
+    """A spike: a loss more than `max_z` noise units above the median of the last few clean steps and at
+    least `min_rise` of it above, or a gradient norm over `max_grad_ratio` times the median of the last
+    `history` clean steps (judged once `min_history` are in). Medians and step-to-step differences over a
+    window, not a running mean and variance: the steep early descent of a fine-tune would otherwise
+    inflate the spread for hundreds of steps and hide a real spike."""
+
+    enabled: bool = True
+    every: int = 25
+    trust_after: int = 5
+    max_restores: int = 3
+    window: int = 200
+    max_z: float = 6.0
+    min_rise: float = 0.2
+    max_grad_ratio: float = 100.0
+    history: int = 50
+    min_history: int = 20
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        check_bool("enabled", self.enabled)
+        check_int("every", self.every, 1, 1_000_000)
+        check_int("trust_after", self.trust_after, 1, 1_000_000)
+        check_int("max_restores", self.max_restores, 0, 1_000_000)
+        check_int("window", self.window, 1, 100_000_000)
+        check_float("max_z", self.max_z, 0.0, 1e6, low_open=True)
+        check_float("min_rise", self.min_rise, 0.0, 1e6)
+        check_float("max_grad_ratio", self.max_grad_ratio, 1.0, 1e12, low_open=True)
+        check_int("history", self.history, 2, 1_000_000)
+        check_int("min_history", self.min_history, 2, self.history, "an integer in [2, `history`]")
+        check_choice("device", self.device, GUARD_DEVICES)
+
+
+class _Copy:
+    """Parameters and optimizer state at one step, in buffers reused from copy to copy."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+        self.params: list[torch.Tensor] = []
+        self.state: list[dict[str, Any]] = []
+
+    def take(self, step: int, params: list[torch.Tensor], optimizer: Any, device: str) -> None:
+        self.step = step
+        self.params = [_copy_into(old, p, device) for old, p in _pad(self.params, params)]
+        states = [optimizer.state.get(p, {}) for p in params]
+        olds = _pad(self.state, states)
+        self.state = [
+            {
+                k: _copy_into(old.get(k), v, device) if torch.is_tensor(v) else _plain(v)
+                for k, v in state.items()
+            }
+            for old, state in ((o or {}, s) for o, s in olds)
+        ]
+
+    @torch.no_grad()
+    def restore(self, params: list[torch.Tensor], optimizer: Any) -> None:
+        for buf, p in zip(self.params, params, strict=True):
+            local(p).copy_(buf)
+        for saved, p in zip(self.state, params, strict=True):
+            live = optimizer.state.get(p)
+            if not saved:
+                optimizer.state.pop(p, None)
+                continue
+            if live is None:
+                live = optimizer.state[p] = {}
+            for key, value in saved.items():
+                now = live.get(key)
+                if torch.is_tensor(value) and torch.is_tensor(now) and local(now).shape == value.shape:
+                    local(now).copy_(value)
+                elif torch.is_tensor(value):
+                    live[key] = value.to(p.device, copy=True)
+                else:
+                    live[key] = _plain(value)
+            for key in set(live) - set(saved):
+                del live[key]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        yield from self.params
+        for state in self.state:
+            yield from (v for v in state.values() if torch.is_tensor(v))
+
+
+def _pad(old: list[Any], new: list[Any]) -> list[tuple[Any, Any]]:
+    return [(old[i] if i < len(old) else None, item) for i, item in enumerate(new)]
+
+
+def _plain(value: Any) -> Any:
+    """A non-tensor state value (Adam's `step` in some optimizers, a flag): copied shallowly."""
+    return list(value) if isinstance(value, list) else dict(value) if isinstance(value, dict) else value
+
+
+def _copy_into(buf: torch.Tensor | None, tensor: torch.Tensor, device: str) -> torch.Tensor:
+    src = local(tensor).detach()
+    target = torch.device("cpu") if device == "cpu" else src.device
+    if buf is None or buf.shape != src.shape or buf.dtype != src.dtype or buf.device != target:
+        pin = target.type == "cpu" and src.device.type == "cuda"
+        buf = torch.empty(src.shape, dtype=src.dtype, device=target, pin_memory=pin)
+    buf.copy_(src, non_blocking=buf.is_pinned())
+    return buf
+
+
+class SpikeDetector:
+    """Is a step's loss or gradient norm a spike against the recent clean steps (see the config)?"""
+
+    def __init__(self, config: SpikeGuardConfig) -> None:
+        self.config = config
+        self.losses: deque[float] = deque(maxlen=config.history)
+        self.grad_norms: deque[float] = deque(maxlen=config.history)
+
+    def spike(self, loss: float | None, grad_norm: float | None) -> str | None:
+        """Why this step is a spike, or None.
+
+        The loss is judged against the median of the last few steps (where training is now) in units of
+        the step-to-step noise (the robust spread of successive differences, which a falling trend does
+        not inflate as it does the spread of the values themselves)."""
+        c = self.config
+        if loss is not None and len(self.losses) >= c.min_history:
+            recent = list(self.losses)
+            level = statistics.median(recent[-LEVEL_STEPS:])
+            jumps = [abs(b - a) for a, b in zip(recent[:-1], recent[1:], strict=True)]
+            noise = max(1.4826 * statistics.median(jumps) / math.sqrt(2), 1e-3 * abs(level), 1e-12)
+            z = (loss - level) / noise
+            if z > c.max_z and loss > level + c.min_rise * abs(level):
+                return f"loss {loss:.4g} is {z:.0f} noise units above the recent {level:.4g}"
+        if grad_norm is not None and len(self.grad_norms) >= c.min_history:
+            median = max(statistics.median(self.grad_norms), 1e-12)
+            if grad_norm > c.max_grad_ratio * median:
+                return f"gradient norm {grad_norm:.4g} is {grad_norm / median:.0f}x the recent median"
+        return None
+
+    def add(self, loss: float | None, grad_norm: float | None) -> None:
+        if loss is not None:
+            self.losses.append(loss)
+        if grad_norm is not None:
+            self.grad_norms.append(grad_norm)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"losses": list(self.losses), "grad_norms": list(self.grad_norms)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.losses = deque((float(v) for v in state["losses"]), maxlen=self.config.history)
+        self.grad_norms = deque((float(v) for v in state["grad_norms"]), maxlen=self.config.history)
+
+
+class SpikeGuard:
+    """Copies the training state every `config.every` clean steps; restores the trusted copy on a spike.
+
+    `after_step(step, loss, grad_norm, applied)` is called after every optimizer step with what it
+    measured; it returns True when it restored (the caller's other state derived from the weights is then
+    stale). Every rank must pass the same loss and grad norm (the averaged ones), so all decide alike.
+    """
+
+    def __init__(self, optimizer: Any, config: SpikeGuardConfig | None = None) -> None:
+        self.config = config or SpikeGuardConfig()
+        self.optimizer = optimizer
+        self.params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+        self.detector = SpikeDetector(self.config)
+        self.trusted, self.pending = _Copy(), _Copy()
+        self.clean_since_pending = 0
+        self.restore_steps: list[int] = []
+        self.skipped_steps = 0
+        self.capped_at: int | None = None  # the step of the last refusal, logged once per window
+
+    def after_step(self, step: int, loss: float | None, grad_norm: float | None, applied: bool) -> bool:
+        """A plain loop's one call after each optimizer step: judge it, restore (True) or copy as due.
+        (The engine calls the parts itself, so that a restore goes through its recovery rule.)"""
+        why = self.check(loss, grad_norm)
+        if why is not None and self.can_restore(step, why):
+            self.restore(step, why)
+            return True
+        self.observe(step, loss, grad_norm, applied)
+        return False
+
+    def check(self, loss: float | None, grad_norm: float | None) -> str | None:
+        """Why this step is a spike, or None (non-finite steps never are: they are not applied)."""
+        if not self._finite(loss, grad_norm):
+            return None
+        return self.detector.spike(loss, grad_norm)
+
+    def observe(self, step: int, loss: float | None, grad_norm: float | None, applied: bool) -> None:
+        """A step that was not restored: its values join the recent window (a spike left alone is the new
+        normal, learnt as such); a clean applied step earns trust for the pending copy or takes one."""
+        if not self._finite(loss, grad_norm):
+            return
+        spike = self.detector.spike(loss, grad_norm) is not None
+        self.detector.add(loss, grad_norm)
+        if applied and not spike:
+            self._advance(step)
+
+    def can_restore(self, step: int, why: str) -> bool:
+        """A trusted copy exists and the window's cap is not reached (each refusal is said once)."""
+        if self.trusted.step is None:
+            logger.warning("hf_hybrid: step %d: loss spike (%s); no trusted copy yet, carried on", step, why)
+            return False
+        recent = [s for s in self.restore_steps if s > step - self.config.window]
+        if len(recent) < self.config.max_restores:
+            return True
+        if self.capped_at is None or self.capped_at <= step - self.config.window:
+            logger.warning(
+                "hf_hybrid: step %d: loss spike (%s), but %d restores in the last %d steps already: the "
+                "spike guard stops restoring until the window has passed",
+                step,
+                why,
+                len(recent),
+                self.config.window,
+            )
+            self.capped_at = step
+        return False
+
+    def restore(self, step: int, why: str) -> None:
+        """Put back the trusted copy's weights and optimizer state; the batches since it are skipped."""
+        self.trusted.restore(self.params, self.optimizer)
+        skipped = step - self.trusted.step
+        self.skipped_steps += skipped
+        self.restore_steps.append(step)
+        self.pending.step, self.clean_since_pending = None, 0
+        logger.warning(
+            "hf_hybrid: step %d: loss spike (%s) -> restored the weights and optimizer state of step %d, "
+            "skipping the %d batches since",
+            step,
+            why,
+            self.trusted.step,
+            skipped,
+        )
+        self.trusted.step = step  # the state is now that copy's, at this step: skip from here next time
+
+    def _advance(self, step: int) -> None:
+        """A clean applied step: a pending copy earns trust; a copy is due every `every` steps."""
+        if self.pending.step is not None:
+            self.clean_since_pending += 1
+            if self.clean_since_pending >= self.config.trust_after:
+                self.trusted, self.pending = self.pending, self.trusted
+                self.pending.step = None
+        if step % self.config.every == 0 and self.pending.step is None:
+            self.pending.take(step, self.params, self.optimizer, self.config.device)
+            self.clean_since_pending = 0
+
+    @staticmethod
+    def _finite(loss: float | None, grad_norm: float | None) -> bool:
+        values = [v for v in (loss, grad_norm) if v is not None]
+        return bool(values) and all(math.isfinite(v) for v in values)
+
+    # ---- what it holds and did --------------------------------------------------------------------
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The copies' buffers (both kept: the trusted one and the next, pending or reused)."""
+        return [*self.trusted.tensors(), *self.pending.tensors()]
+
+    def nbytes(self) -> int:
+        return self.trusted.nbytes() + self.pending.nbytes()
+
+    def buffer_count(self) -> int:
+        """How many parameter buffers the copies hold (changes when a copy is first taken)."""
+        return len(self.trusted.params) + len(self.pending.params)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "spike_guard": True,
+            "restores": len(self.restore_steps),
+            "spike_skipped_steps": self.skipped_steps,
+            "restore_steps": list(self.restore_steps),
+            "spike_guard_bytes": self.nbytes(),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Counters and the detector's window; the copies themselves are not saved (a resumed run
+        takes its first copy at its next due step, and trusts it `trust_after` clean steps later)."""
+        return {
+            "detector": self.detector.state_dict(),
+            "restore_steps": list(self.restore_steps),
+            "skipped_steps": self.skipped_steps,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.detector.load_state_dict(state["detector"])
+        self.restore_steps = [int(s) for s in state["restore_steps"]]
+        self.skipped_steps = int(state["skipped_steps"])
