@@ -164,15 +164,16 @@ class HybridHFTrainer(Trainer):
                 "HybridHFTrainer: the model has no trainable parameter (all have requires_grad=False); "
                 "unfreeze some parameters or pass a peft_config"
             )
-        probe = self._build_probe() if self.hybrid_args.hybrid_probe_batches else None
+        probe = _loss_probe(self) if self.hybrid_args.hybrid_probe_batches else None
         config = self.engine_config
+        guard = _spike_guard(self.hybrid_args, model, self.optimizer)
         self.engine = HybridEngine(
             params,
             config,
             optimizer=self.optimizer,
             probe=probe,
             predictor=self._predictor,
-            spike_guard=self._spike_guard(model),
+            spike_guard=guard,
         )
         self.hybrid_timeline = []
         if checkpoint is not None:
@@ -189,12 +190,6 @@ class HybridHFTrainer(Trainer):
         )
         self.callback_handler.optimizer = self.optimizer
 
-    def _spike_guard(self, model: nn.Module) -> SpikeGuard | None:
-        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        total = sum(p.numel() for p in model.parameters())
-        config = self.hybrid_args.spike_guard_config(trainable / max(total, 1))
-        return SpikeGuard(self.optimizer, config) if config.enabled else None
-
     def _unsupported_distribution(self) -> str | None:
         """Why predict phases cannot run under this accelerate set-up (None: they can).
 
@@ -208,34 +203,6 @@ class HybridHFTrainer(Trainer):
         if self.is_fsdp_enabled and getattr(self.accelerator.state.fsdp_plugin, "fsdp_version", 1) != 2:
             return _FSDP1_UNSUPPORTED
         return None
-
-    def _build_probe(self) -> Callable[[], float]:
-        """Mean loss of fixed training examples (eval mode, no_grad), averaged over ranks.
-
-        The examples are drawn from the *training* set with the engine's seed: the eval set must never steer
-        training. They stay in training too, so the probe is not a clean held-out estimate; it only has to
-        rank two nearby weight vectors on the same batches.
-        """
-        count = self.hybrid_args.hybrid_probe_batches * self.args.per_device_train_batch_size
-        subset = _probe_examples(self.train_dataset, count, self.engine_config.seed)
-        batches = list(self.get_eval_dataloader(subset))
-
-        def probe() -> float:
-            model = self.model
-            was_training = model.training
-            model.eval()
-            with torch.no_grad():
-                total = sum(
-                    self.compute_loss(model, self._prepare_inputs(batch)).detach() for batch in batches
-                )
-            model.train(was_training)
-            self._reshard_after_forward_only(model)
-            loss = total / len(batches)
-            if self.accelerator.num_processes > 1:
-                loss = self.accelerator.reduce(loss, reduction="mean")
-            return float(loss)
-
-        return probe
 
     # ---- one optimizer step ---------------------------------------------------------------------
 
@@ -424,6 +391,43 @@ _SUMMARY_KEYS = (
     "max_confidence",
     "engine_peak_bytes",
 )
+
+
+def _loss_probe(trainer: HybridHFTrainer) -> Callable[[], float]:
+    """Mean loss of fixed training examples (eval mode, no_grad), averaged over ranks.
+
+    The examples are drawn from the *training* set with the engine's seed: the eval set must never steer
+    training. They stay in training too, so the probe is not a clean held-out estimate; it only has to
+    rank two nearby weight vectors on the same batches.
+    """
+    count = trainer.hybrid_args.hybrid_probe_batches * trainer.args.per_device_train_batch_size
+    subset = _probe_examples(trainer.train_dataset, count, trainer.engine_config.seed)
+    batches = list(trainer.get_eval_dataloader(subset))
+
+    def probe() -> float:
+        model = trainer.model
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            total = sum(
+                trainer.compute_loss(model, trainer._prepare_inputs(batch)).detach() for batch in batches
+            )
+        model.train(was_training)
+        trainer._reshard_after_forward_only(model)
+        loss = total / len(batches)
+        if trainer.accelerator.num_processes > 1:
+            loss = trainer.accelerator.reduce(loss, reduction="mean")
+        return float(loss)
+
+    return probe
+
+
+def _spike_guard(args: HybridArgumentsMixin, model: nn.Module, optimizer: Any) -> SpikeGuard | None:
+    """The spike guard the arguments ask for (`auto` decides by the share of parameters that train)."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    config = args.spike_guard_config(trainable / max(total, 1))
+    return SpikeGuard(optimizer, config) if config.enabled else None
 
 
 def _probe_examples(dataset: Any, count: int, seed: int) -> Any:

@@ -9,6 +9,7 @@ import torch
 from helpers import EveryStep, hybrid_trainer, tiny_gpt2
 from transformers import TrainerCallback
 
+import hf_hybrid.trainer
 from hf_hybrid import HybridHFTrainer, Phase
 from hf_hybrid.engine.predictor import EMAPredictor, register_predictor, unregister_predictor
 
@@ -248,10 +249,11 @@ def test_probe_is_measured_at_each_phase_boundary_and_charged_in_compute_units(t
     )
 
 
-def test_a_probe_that_says_worse_rolls_every_phase_back(tmp_path):
+def test_a_probe_that_says_worse_rolls_every_phase_back(tmp_path, monkeypatch):
     trainer = hybrid_trainer(tmp_path, max_steps=40, hybrid_probe_batches=1)
     rising = iter(range(10_000))
-    trainer._build_probe = lambda: lambda: float(next(rising))  # every phase made the probe loss worse
+    # every phase made the probe loss worse
+    monkeypatch.setattr(hf_hybrid.trainer, "_loss_probe", lambda trainer: lambda: float(next(rising)))
     weights: list[dict[str, torch.Tensor]] = []  # the trainable weights after each step
     trainer.add_callback(
         EveryStep(

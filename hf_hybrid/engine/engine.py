@@ -34,14 +34,14 @@ from .footprint import MemoryMeter
 from .guard import ParameterGuard
 from .learner import Learner
 from .loss_watch import LossWatch
+from .persistence import engine_state, load_engine_state
 from .phases import Phase, PhaseController
 from .predict_phase import PhaseEnd, PredictPhase, PredictPhases
 from .predictor import DeltaPredictor, resolve_predictor_name
 from .recovery import RecoveryAction, choose_action, describe
 from .residuals import Corrector, ResidualStore
 from .sharding import ShardGroup, local
-from .spike_guard import SPIKE_GUARD_OFF, SpikeGuard
-from .state import FORMAT_VERSION, describe_unloadable, parameter_fingerprint
+from .spike_guard import SpikeGuard, SpikeGuardConfig
 from .step import StepOutcome, StepPlan, StepRecord
 from .timing import PartTimer, clock_for
 from .wakefulness import Wakefulness
@@ -88,7 +88,7 @@ class HybridEngine:
         self.shards = ShardGroup.of(self.params)  # FSDP2's sharded DTensors, or none
         self.probe = probe
         self.optimizer = optimizer
-        self.spike_guard = spike_guard
+        self.spike_guard = spike_guard or SpikeGuard(None, SpikeGuardConfig(enabled=False))
         # what the hybrid machinery costs, by part; the caller's hooks are charged to it too
         self.timer = PartTimer(clock_for(self.params.values()))
         s = self.schedule = self.config.schedule
@@ -222,13 +222,8 @@ class HybridEngine:
             if not skip_nonfinite:  # a GradScaler must still see it (it skips non-finite steps itself)
                 self.learner.real_update(optimizer_step)
             return self._outcome(phase, loss, False, alarms, self._recover(alarms, phase))
-        guarded = self.spike_guard is not None and phase is not Phase.CORRECT
-        if guarded:
-            with self.timer.part("spike_guard"):
-                spike = self.spike_guard.check(loss, grad_norm)
-            if spike is not None:
-                alarms.append(Alarm(DivergenceLevel.CRITICAL, f"loss spike: {spike}", restorable=True))
-        if phase is not Phase.CORRECT:
+        if phase is not Phase.CORRECT:  # inside a predict phase, a spike is the phase's to roll back
+            alarms += self.spike_guard.alarms(loss, grad_norm)
             with self.timer.part("decide"):
                 self.wakefulness.update(self.confidence, self.step_number)
         # A finite step always reaches the optimizer, as in the plain Trainer; a rollback decided below
@@ -241,8 +236,8 @@ class HybridEngine:
         with self.timer.part("loss_forecaster"):
             self.losses.measure(loss, record.learning_rate, grad_norm, phase.index)
         action = self._recover(alarms, phase)
-        if guarded and action is not RecoveryAction.RESTORE:
-            with self.timer.part("spike_guard"):
+        if phase is not Phase.CORRECT and action is not RecoveryAction.RESTORE:
+            with self.timer.part("spike_guard"):  # a copy is due every `every` clean steps
                 self.spike_guard.observe(self.step_number, loss, grad_norm, applied=True)
         if phase is Phase.CORRECT and self.phase is not None:
             skill = 0.0 if residual is None else residual.skill(self.corrector.scale)
@@ -281,7 +276,7 @@ class HybridEngine:
                 alarms,
                 phase_open=phase_was_open,
                 can_roll_back=can_roll_back,
-                can_restore=lambda: self._can_restore(alarms),
+                can_restore=lambda: self.spike_guard.can_restore(self.step_number, _spikes(alarms)),
             )
             self.last_level = worst_level(alarms)
             if action is RecoveryAction.ROLLBACK:
@@ -304,16 +299,11 @@ class HybridEngine:
                 _log_action(self.step_number, step_phase, action, text, notable)
         return action
 
-    def _can_restore(self, alarms: list[Alarm]) -> bool:
-        guard = self.spike_guard
-        return guard is not None and guard.can_restore(self.step_number, _spike_reasons(alarms))
-
     def _restore(self, alarms: list[Alarm]) -> None:
         """The spike guard puts its copy back; the predictors forget the updates they saw since (the
         spike's among them) and measure the next real update from the restored weights."""
-        assert self.spike_guard is not None
         with self.timer.part("spike_guard"):
-            self.spike_guard.restore(self.step_number, _spike_reasons(alarms))
+            self.spike_guard.restore(self.step_number, _spikes(alarms))
             self.watch.reset_to({name: local(p).detach() for name, p in self.params.items()})
             self.watch.reset()
         self.counters.add("restores")
@@ -361,7 +351,7 @@ class HybridEngine:
             "confidence_threshold": self.schedule.confidence_threshold,
             "phase": None if self.controller.phase is None else self.controller.phase.value,
             "warmup_steps_left": self.controller.warmup_steps_left(),
-            **(SPIKE_GUARD_OFF if self.spike_guard is None else self.spike_guard.stats()),
+            **self.spike_guard.stats(),
         }
 
     def metrics(self) -> dict[str, float]:
@@ -381,13 +371,12 @@ class HybridEngine:
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
 
     def _tensors(self) -> list[torch.Tensor]:
-        copies = [] if self.spike_guard is None else self.spike_guard.tensors()
-        return [*self.watch.tensors(), *self.guard.tensors(), *self.losses.tensors(), *copies]
+        parts = (self.watch, self.guard, self.losses, self.spike_guard)
+        return [t for part in parts for t in part.tensors()]
 
     def _layout(self) -> tuple[Any, ...]:
         """Which buffers exist (the memory meter counts again when this changes)."""
-        copies = 0 if self.spike_guard is None else self.spike_guard.buffer_count()
-        return self.awake, self.guard.buffer_counts(), copies
+        return self.awake, self.guard.buffer_counts(), self.spike_guard.buffer_count()
 
     def nbytes(self) -> int:
         """Bytes of the engine's tensors now (counted; `stats()` has them by device, as last counted)."""
@@ -395,37 +384,9 @@ class HybridEngine:
 
     # ---- checkpointing ---------------------------------------------------------------------------
 
-    def _parts(self) -> dict[str, Any]:
-        """The components that checkpoint themselves, by their key in the state, in the order they are
-        restored (the predict phases' are "bandit" and "phase")."""
-        names = ("controller", "watch", "losses", "monitor", "store", "corrector", "guard", "counters")
-        parts = {name: getattr(self, name) for name in names}
-        return parts if self.spike_guard is None else {**parts, "spike_guard": self.spike_guard}
-
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue exactly, mid-phase included (tensors and plain values).
-
-        With sharded parameters the tensors are this rank's shards and `sharding` records the world size
-        and the rank: each rank saves its own state, and it loads back only on the same rank of the same
-        world size (resharding a predictor's buffers or a snapshot is not supported)."""
-        if self.plan is not None:
-            raise RuntimeError("cannot save the engine in the middle of an optimizer step")
-        return {
-            "format_version": FORMAT_VERSION,
-            "config": self.config.fingerprint(),
-            "parameters": parameter_fingerprint(self.params),
-            **{name: part.state_dict() for name, part in self._parts().items()},
-            **self.phases.state_dict(),
-            "steps_since_real": self.steps_since_real,
-            "last_level": int(self.last_level),
-            "last_predicted_loss": self.losses.predicted,
-            "last_measured_loss": self.losses.measured,
-            "max_confidence": self.max_confidence,
-            "seconds": self.seconds,
-            "timing": self.timer.state_dict(),
-            "peak_memory": self.meter.state_dict(),
-            **({"sharding": self.shards.describe()} if self.shards.sharded else {}),
-        }
+        """Everything needed to continue exactly, mid-phase included (`persistence.engine_state`)."""
+        return engine_state(self)
 
     def continue_accounting(self, state: Mapping[str, Any]) -> None:
         """A new engine that carries on a run (`hybrid_restart_engine`): the counters, the engine's own
@@ -436,24 +397,10 @@ class HybridEngine:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a saved engine; refuses a state that belongs to another configuration or model."""
-        problem = describe_unloadable(state, self.config, self.params, self.shards.describe())
-        if problem:
-            raise ValueError(problem)
-        for name, part in self._parts().items():
-            if name == "spike_guard" and name not in state:
-                continue  # saved with the guard off (or before it existed): it starts with an empty window
-            part.load_state_dict(state[name])
-        self.phases.load_state_dict(state)
-        self.steps_since_real = int(state["steps_since_real"])
-        self.last_level = DivergenceLevel(int(state["last_level"]))
-        self.losses.restore_last(state["last_predicted_loss"], state["last_measured_loss"])
-        self.max_confidence = float(state["max_confidence"])
-        self.timer.load_state_dict(state.get("timing"))
-        self.meter.load_state_dict(state["peak_memory"])
-        self.plan = None
+        load_engine_state(self, state)
 
 
-def _spike_reasons(alarms: list[Alarm]) -> str:
+def _spikes(alarms: list[Alarm]) -> str:
     return "; ".join(a.reason for a in alarms if a.restorable)
 
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from .alarm import Alarm, DivergenceLevel
 from .sharding import local
 from .validation import check_bool, check_choice, check_float, check_int
 
@@ -34,6 +35,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["SPIKE_GUARD_OFF", "SpikeDetector", "SpikeGuard", "SpikeGuardConfig"]
 
 GUARD_DEVICES = ("cpu", "same")
+SPIKE = "loss spike"  # how a spike alarm's reason starts
 LEVEL_STEPS = 5  # the loss's current level: the median of this many recent clean steps
 SPIKE_GUARD_OFF: dict[str, Any] = {
     "spike_guard": False,
@@ -201,9 +203,12 @@ class SpikeGuard:
     """
 
     def __init__(self, optimizer: Any, config: SpikeGuardConfig | None = None) -> None:
+        """`config.enabled=False` (or no optimizer): a guard that judges nothing and holds nothing, so its
+        owner need not ask whether there is one."""
         self.config = config or SpikeGuardConfig()
         self.optimizer = optimizer
-        self.params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+        groups = [] if optimizer is None or not self.config.enabled else optimizer.param_groups
+        self.params = [p for group in groups for p in group["params"] if p.requires_grad]
         self.detector = SpikeDetector(self.config)
         self.trusted, self.pending = _Copy(), _Copy()
         self.clean_since_pending = 0
@@ -215,6 +220,7 @@ class SpikeGuard:
         """A plain loop's one call after each optimizer step: judge it, restore (True) or copy as due.
         (The engine calls the parts itself, so that a restore goes through its recovery rule.)"""
         why = self.check(loss, grad_norm)
+        why = None if why is None else f"{SPIKE}: {why}"
         if why is not None and self.can_restore(step, why):
             self.restore(step, why)
             return True
@@ -223,14 +229,19 @@ class SpikeGuard:
 
     def check(self, loss: float | None, grad_norm: float | None) -> str | None:
         """Why this step is a spike, or None (non-finite steps never are: they are not applied)."""
-        if not self._finite(loss, grad_norm):
+        if not self.params or not self._finite(loss, grad_norm):
             return None
         return self.detector.spike(loss, grad_norm)
+
+    def alarms(self, loss: float | None, grad_norm: float | None) -> list[Alarm]:
+        """The spike as the engine's recovery rule takes it (it decides whether to `restore`)."""
+        why = self.check(loss, grad_norm)
+        return [] if why is None else [Alarm(DivergenceLevel.CRITICAL, f"{SPIKE}: {why}", restorable=True)]
 
     def observe(self, step: int, loss: float | None, grad_norm: float | None, applied: bool) -> None:
         """A step that was not restored: its values join the recent window (a spike left alone is the new
         normal, learnt as such); a clean applied step earns trust for the pending copy or takes one."""
-        if not self._finite(loss, grad_norm):
+        if not self.params or not self._finite(loss, grad_norm):
             return
         spike = self.detector.spike(loss, grad_norm) is not None
         self.detector.add(loss, grad_norm)
@@ -240,14 +251,14 @@ class SpikeGuard:
     def can_restore(self, step: int, why: str) -> bool:
         """A trusted copy exists and the window's cap is not reached (each refusal is said once)."""
         if self.trusted.step is None:
-            logger.warning("hf_hybrid: step %d: loss spike (%s); no trusted copy yet, carried on", step, why)
+            logger.warning("hf_hybrid: step %d: %s; no trusted copy yet, carried on", step, why)
             return False
         recent = [s for s in self.restore_steps if s > step - self.config.window]
         if len(recent) < self.config.max_restores:
             return True
         if self.capped_at is None or self.capped_at <= step - self.config.window:
             logger.warning(
-                "hf_hybrid: step %d: loss spike (%s), but %d restores in the last %d steps already: the "
+                "hf_hybrid: step %d: %s, but %d restores in the last %d steps already: the "
                 "spike guard stops restoring until the window has passed",
                 step,
                 why,
@@ -265,7 +276,7 @@ class SpikeGuard:
         self.restore_steps.append(step)
         self.pending.step, self.clean_since_pending = None, 0
         logger.warning(
-            "hf_hybrid: step %d: loss spike (%s) -> restored the weights and optimizer state of step %d, "
+            "hf_hybrid: step %d: %s -> restored the weights and optimizer state of step %d, "
             "skipping the %d batches since",
             step,
             why,
@@ -304,6 +315,8 @@ class SpikeGuard:
         return len(self.trusted.params) + len(self.pending.params)
 
     def stats(self) -> dict[str, Any]:
+        if not self.params:
+            return dict(SPIKE_GUARD_OFF)
         return {
             "spike_guard": True,
             "restores": len(self.restore_steps),
