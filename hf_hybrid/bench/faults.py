@@ -78,9 +78,10 @@ def corrupt(inputs: dict[str, Any], kind: str, generator: torch.Generator, vocab
         if "labels" in inputs and inputs["labels"].shape == ids.shape:
             inputs["labels"] = noise.clone()
     elif kind == "shuffled_labels":
-        order = torch.randperm(ids.shape[0], generator=generator)
-        if ids.shape[0] > 1:
-            order = torch.roll(torch.arange(ids.shape[0]), 1)[order]  # no row keeps its own labels
+        # one random cycle through all rows: no row keeps its own labels
+        cycle = torch.randperm(ids.shape[0], generator=generator)
+        order = torch.empty_like(cycle)
+        order[cycle] = torch.roll(cycle, -1)
         inputs["labels"] = inputs["labels"][order.to(inputs["labels"].device)]
     return inputs
 
@@ -154,6 +155,9 @@ def run_faults(
                         "seconds": result.train_seconds, "engine_peak_bytes": result.engine_peak_bytes,
                         "trainable_bytes": result.trainable_bytes, "restores": stats.get("restores", 0),
                         "spike_skipped_steps": stats.get("spike_skipped_steps", 0),
+                        "restore_steps": stats.get("restore_steps", []),
+                        "spike_guard_bytes": stats.get("spike_guard_bytes", 0),
+                        "spike_guard_time_share": stats.get("timing", {}).get("parts", {}).get("spike_guard"),
                     }
                 )  # fmt: skip
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -170,8 +174,9 @@ def fault_table(record: dict[str, Any]) -> str:
     arms = list(dict.fromkeys(r["arm"] for r in runs))
     faults = list(dict.fromkeys(r["fault"] for r in runs))
     lines = [
-        "| fault | arm | eval loss (mean, min–max over seeds) | − clean (mean) | restores | time / clean |",
-        "|---|---|---|---|---|---|",
+        "| fault | arm | eval loss (mean, min–max over seeds) | − clean (mean) | restores | time / clean "
+        "| guard's time share | guard's copies |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for fault in faults:
         for arm in arms:
@@ -186,8 +191,12 @@ def fault_table(record: dict[str, Any]) -> str:
             time = statistics.fmean(
                 r["seconds"] / clean[r["seed"]]["seconds"] for r in mine if r["seed"] in clean
             )
+            shares = [r["spike_guard_time_share"] for r in mine if r.get("spike_guard_time_share")]
+            share = f"{statistics.fmean(shares):.2%}" if shares else "–"
+            copies = max(r.get("spike_guard_bytes", 0) for r in mine)
             lines.append(
                 f"| {fault} | `{arm}` | {statistics.fmean(losses):.4f} ({min(losses):.4f}–{max(losses):.4f}) "
-                f"| {delta:+.4f} | {sum(r['restores'] for r in mine)} | {time:.3f} |"
+                f"| {delta:+.4f} | {sum(r['restores'] for r in mine)} | {time:.3f} | {share} "
+                f"| {copies / 2**20:.1f} MiB |"
             )
     return "\n".join(lines)
