@@ -44,6 +44,10 @@ BAD_VALUES = [
     ("hybrid_restart_engine", "no", r"True or False"),
     ("hybrid_dormant_every", 0, r"integer in \[1, 1000000\]"),
     ("hybrid_console_metrics", "verbose", r"one of \['compact', 'full'\]"),
+    ("hybrid_spike_guard", "yes", r"one of \['auto', 'on', 'off'\]"),
+    ("hybrid_guard_every", 0, r"an integer in \[1, 1000000\]"),
+    ("hybrid_guard_max_restores", -1, r"an integer in \[0, 1000000\]"),
+    ("hybrid_guard_device", "gpu", r"one of \['cpu', 'same'\]"),
     ("hybrid_predictor_kwargs", "[1, 2]", r"a JSON object"),
     ("hybrid_predictor_kwargs", "{beta: 1}", r"a JSON object \(Expecting property name"),
     (
@@ -195,7 +199,8 @@ def test_every_hybrid_default_is_the_engine_default():
     engine, schedule = EngineConfig(), PhaseSchedule()
     mapped = {f.name for f in dataclasses.fields(HybridArgumentsMixin) if engine_target(f.name)}
     assert {f.name for f in dataclasses.fields(HybridArgumentsMixin)} - mapped == {
-        "hybrid_enabled", "hybrid_probe_batches", "hybrid_restart_engine", "hybrid_console_metrics"
+        "hybrid_enabled", "hybrid_probe_batches", "hybrid_restart_engine", "hybrid_console_metrics",
+        "hybrid_spike_guard", "hybrid_guard_every", "hybrid_guard_max_restores", "hybrid_guard_device",
     }  # fmt: skip
     engine_knobs = {f.name for f in dataclasses.fields(EngineConfig)} - {"schedule", "probe_cost"}
     schedule_knobs = {f.name for f in dataclasses.fields(PhaseSchedule)} - {"script"}
