@@ -60,7 +60,7 @@ class SpikeGuardConfig:
     inflate the spread for hundreds of steps and hide a real spike."""
 
     enabled: bool = True
-    every: int = 25
+    every: int = 10
     trust_after: int = 5
     max_restores: int = 3
     window: int = 200
