@@ -71,8 +71,9 @@ _DEMO_HYBRID = {
     "hybrid_full_steps": 10,
     "hybrid_max_predict_steps": 8,
     "hybrid_confidence_threshold": 0.3,
-    "hybrid_spike_guard": "on",  # auto leaves a full fine-tune unguarded; the demo shows what it does
 }
+# The spike runs' hybrid trainer: never predicts (a skill of 1 is never measured), guards every step.
+GUARD_ONLY = {"hybrid_confidence_threshold": 1.0, "hybrid_spike_guard": "on"}
 SIZES: dict[str, DemoSize] = {
     "default": DemoSize(
         max_steps=600, train_blocks=4096, eval_blocks=128, logging_steps=60, hybrid=_DEMO_HYBRID
@@ -89,8 +90,6 @@ SIZES: dict[str, DemoSize] = {
             "hybrid_max_predict_steps": 4,
             "hybrid_min_history": 4,
             "hybrid_confidence_threshold": 0.0,
-            "hybrid_spike_guard": "on",
-            "hybrid_guard_every": 5,
         },
     ),
 }
@@ -111,9 +110,9 @@ def run_demo(
     out: Callable[[str], None] = print,
     spike: bool = True,
 ) -> dict[str, Any]:
-    """Train plain, then hybrid; with `spike`, both again with the learning rate x30 for 3 steps at
-    mid-run (what a bad batch or a scheduler bug does); print the table through `out`; return (and write)
-    the results."""
+    """Train plain, then hybrid; with `spike`, plain and the spike guard alone again with the learning
+    rate x30 for 3 steps at mid-run (what a scheduler bug or a bad batch does); print the table through
+    `out`; return (and write) the results."""
     if size not in SIZES:
         raise ValueError(f"`size` must be one of {sorted(SIZES)}, got {size!r}")
     spec = SIZES[size]
@@ -152,19 +151,26 @@ def run_demo(
             out(line)
 
         burst = fault_window("lr_burst", steps)
-        runs = [("plain", None), ("hybrid", None)]
-        if spike:
+        runs = [("plain", "plain", None), ("hybrid", "hybrid", spec.hybrid)]
+        if spike:  # the guard alone: predict phases off, so the burst meets real steps in both runs
             label = f"lr x{LR_FACTOR:g} at step {burst.start + 1}"
-            runs += [(f"plain, {label}", burst), (f"hybrid, {label}", burst)]
+            out(
+                f"then with the learning rate x{LR_FACTOR:g} for steps {burst.start + 1}-{burst.start + 3}: "
+                f"plain, and HybridHFTrainer with {GUARD_ONLY}"
+            )
+            runs += [
+                (f"plain, {label}", "plain-spike", None),
+                (f"spike guard only, {label}", "guard-spike", GUARD_ONLY),
+            ]
         rows = []
-        for name, fault in runs:
+        for name, folder, hybrid in runs:
             out(f"--- {name} run ---")
-            folder = str(output_dir / name.split(",")[0]) + ("-spike" if fault else "")
-            if name.startswith("plain"):
-                args = TrainingArguments(output_dir=folder, **common)
+            fault = burst if folder.endswith("spike") else None
+            if hybrid is None:
+                args = TrainingArguments(output_dir=str(output_dir / folder), **common)
                 trainer_cls: type[Trainer] = Trainer
             else:
-                args = HybridTrainingArguments(output_dir=folder, **common, **spec.hybrid)
+                args = HybridTrainingArguments(output_dir=str(output_dir / folder), **common, **hybrid)
                 trainer_cls = HybridHFTrainer
             rows.append(_run_one(name, trainer_cls, args, config, train, evaluation, out, fault))
     finally:

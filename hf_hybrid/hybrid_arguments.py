@@ -14,9 +14,8 @@ import json
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
-from .engine.config import EngineConfig
+from .engine.config import GUARD_DEVICES, EngineConfig, SpikeGuardConfig
 from .engine.phases import PhaseSchedule
-from .engine.spike_guard import GUARD_DEVICES, SpikeGuardConfig
 from .engine.validation import ConfigError, check_bool, check_choice, check_int
 
 PREFIX = "hybrid_"
@@ -148,7 +147,7 @@ class HybridArgumentsMixin:
         metadata={
             "help": "Roll back loss spikes in every step, predicted or not: copies of the trainable "
             "weights and optimizer state every hybrid_guard_every steps; on a spike the last trusted copy is "
-            "restored and the batches since are skipped. auto: on when at most 10% of the parameters "
+            "restored and the batches since are skipped. auto: on when at most a tenth of the parameters "
             "train (LoRA and other adapters: the copies are small), off for full fine-tunes (two copies of "
             "the weights and the optimizer state in host memory); on; off.",
             "choices": list(SPIKE_GUARD_MODES),

@@ -25,7 +25,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from .engine.spike_guard import SPIKE_GUARD_OFF
+from .engine.config import SPIKE_GUARD_OFF
 from .hybrid_arguments import HybridArgumentsMixin
 from .telemetry import measured_step_seconds, measured_time_saved_fraction
 from .version import __version__

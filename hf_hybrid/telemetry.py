@@ -70,8 +70,8 @@ def disabled_stats(config: Any) -> dict[str, Any]:
     """`hybrid_stats()` of a run without the engine (`hybrid_enabled=False`, an unsupported set-up): the
     keys of a run that predicted nothing, with zeros, so a script reading them never hits a KeyError."""
     from .engine.accounting import StepCounters
+    from .engine.config import SPIKE_GUARD_OFF
     from .engine.footprint import MemoryMeter
-    from .engine.spike_guard import SPIKE_GUARD_OFF
     from .engine.timing import PartTimer
 
     return {

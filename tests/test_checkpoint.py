@@ -192,7 +192,7 @@ def test_plain_trainer_checkpoint_resumes_into_hybrid_with_a_fresh_engine(tmp_pa
     plain = plain_trainer(tmp_path, max_steps=12, save_strategy="steps", save_steps=6)
     plain.train()
     hybrid = hybrid_trainer(tmp_path, max_steps=30, hybrid_warmup_steps=4)
-    with caplog.at_level("WARNING", logger="hf_hybrid.trainer"):
+    with caplog.at_level("WARNING", logger="hf_hybrid"):
         hybrid.train(resume_from_checkpoint=str(tmp_path / "checkpoint-6"))
     assert "has no hybrid state" in caplog.text
     assert hybrid.state.global_step == 30

@@ -69,7 +69,13 @@ def test_demo_tiny_prints_both_rows_and_matching_json(tmp_path, capsys):
     results = json.loads(json_path.read_text())
     assert results == json.loads((tmp_path / "demo" / "demo_results.json").read_text())
     rows = {row["run"]: row for row in results["rows"]}
-    assert set(rows) == {"plain", "hybrid"}
+    spiked = ("plain, lr x30 at step 31", "spike guard only, lr x30 at step 31")
+    assert set(rows) == {"plain", "hybrid", *spiked}
+    # plain and the guard alone again, the learning rate x30 for 3 steps at mid-run (at this size the
+    # burst is no damage to undo: whether the guard restores is the default demo's to show)
+    assert rows[spiked[0]]["eval_loss"] != rows["plain"]["eval_loss"]  # the burst was delivered
+    assert rows[spiked[0]]["restores"] is None and rows[spiked[1]]["restores"] >= 0
+    assert rows[spiked[1]]["backward_skipped"] == 0  # the guard alone predicts nothing
     assert rows["hybrid"]["steps_per_phase"] == {
         "warmup": warmup, "full": full, "predict": predict, "correct": correct
     }  # fmt: skip

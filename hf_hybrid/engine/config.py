@@ -16,6 +16,14 @@ from .phases import PhaseSchedule
 from .validation import ConfigError, check_bool, check_choice, check_float, check_int
 
 SNAPSHOT_DEVICES = ("same", "cpu")
+GUARD_DEVICES = ("cpu", "same")
+SPIKE_GUARD_OFF: dict[str, Any] = {
+    "spike_guard": False,
+    "restores": 0,
+    "spike_skipped_steps": 0,
+    "restore_steps": [],
+    "spike_guard_bytes": 0,
+}  # a run's spike-guard stats when it is off
 MAX_SEED = 2**63 - 1
 
 
@@ -104,3 +112,37 @@ def _flat(fingerprint: dict[str, Any]) -> dict[str, Any]:
     """The schedule's fields at the top level, beside the engine's."""
     schedule = fingerprint.pop("schedule", None) or {}
     return {**fingerprint, **schedule}
+
+
+@dataclass(frozen=True)
+class SpikeGuardConfig:
+    """A spike: a loss more than `max_z` noise units above the median of the last few clean steps and at
+    least `min_rise` of it above, or a gradient norm over `max_grad_ratio` times the median of the last
+    `history` clean steps (judged once `min_history` are in). Medians and step-to-step differences over a
+    window, not a running mean and variance: the steep early descent of a fine-tune would otherwise
+    inflate the spread for hundreds of steps and hide a real spike."""
+
+    enabled: bool = True
+    every: int = 10
+    trust_after: int = 5
+    max_restores: int = 3
+    window: int = 200
+    max_z: float = 6.0
+    min_rise: float = 0.2
+    max_grad_ratio: float = 100.0
+    history: int = 50
+    min_history: int = 20
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        check_bool("enabled", self.enabled)
+        check_int("every", self.every, 1, 1_000_000)
+        check_int("trust_after", self.trust_after, 1, 1_000_000)
+        check_int("max_restores", self.max_restores, 0, 1_000_000)
+        check_int("window", self.window, 1, 100_000_000)
+        check_float("max_z", self.max_z, 0.0, 1e6, low_open=True)
+        check_float("min_rise", self.min_rise, 0.0, 1e6)
+        check_float("max_grad_ratio", self.max_grad_ratio, 1.0, 1e12, low_open=True)
+        check_int("history", self.history, 2, 1_000_000)
+        check_int("min_history", self.min_history, 2, self.history, "an integer in [2, `history`]")
+        check_choice("device", self.device, GUARD_DEVICES)

@@ -28,7 +28,7 @@ import torch
 
 from .accounting import StepCounters
 from .alarm import Alarm, DivergenceLevel, nonfinite_step, worst_level
-from .config import EngineConfig
+from .config import EngineConfig, SpikeGuardConfig
 from .divergence import DivergenceMonitor
 from .footprint import MemoryMeter
 from .guard import ParameterGuard
@@ -41,7 +41,7 @@ from .predictor import DeltaPredictor, resolve_predictor_name
 from .recovery import RecoveryAction, choose_action, describe
 from .residuals import Corrector, ResidualStore
 from .sharding import ShardGroup, local
-from .spike_guard import SpikeGuard, SpikeGuardConfig
+from .spike_guard import SpikeGuard
 from .step import StepOutcome, StepPlan, StepRecord
 from .timing import PartTimer, clock_for
 from .wakefulness import Wakefulness

@@ -34,7 +34,7 @@ torch.set_num_threads(1)
 
 from helpers import SaveAt, hybrid_trainer, step_logs, tiny_gpt2  # noqa: E402
 
-import hf_hybrid.trainer as trainer_module  # noqa: E402
+import hf_hybrid.checkpoint as checkpoint_module  # noqa: E402
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -74,7 +74,7 @@ def params_sha256(model: torch.nn.Module) -> str:
 def recorded_engine_saves(trainer: Any) -> Iterator[list[dict[str, Any]]]:
     """Log (step, wrote the tensor file, recorded SHA-256) for every engine-state save of this rank."""
     saves: list[dict[str, Any]] = []
-    original = trainer_module.save_engine_state
+    original = checkpoint_module.save_engine_state
 
     def save_and_record(
         state: dict[str, Any], folder: Any, write_files: bool, **kwargs: Any
@@ -84,11 +84,11 @@ def recorded_engine_saves(trainer: Any) -> Iterator[list[dict[str, Any]]]:
         saves.append({"step": trainer.state.global_step, "wrote": write_files, "sha256": sha})
         return entry
 
-    trainer_module.save_engine_state = save_and_record
+    checkpoint_module.save_engine_state = save_and_record
     try:
         yield saves
     finally:
-        trainer_module.save_engine_state = original
+        checkpoint_module.save_engine_state = original
 
 
 def run(opts: argparse.Namespace) -> dict[str, Any]:
