@@ -54,8 +54,9 @@ def run_summary(stats: Mapping[str, Any]) -> str:
         parts.append(
             f"spike guard: {restores} restore{'s' if restores != 1 else ''}"
             + (f" at step {', '.join(map(str, stats['restore_steps']))}" if restores else "")
-            + f" ({stats['spike_skipped_steps']} batches skipped,"
-            + f" {_bytes(stats['spike_guard_bytes'])} of copies)"
+            + f", {stats['skips']} bad batch{'es' if stats['skips'] != 1 else ''} skipped"
+            + f" ({stats['spike_skipped_steps']} batches skipped in all, {_bytes(stats['spike_guard_bytes'])}"
+            + " of copies)"
         )
     timing = stats.get("timing") or {}
     cost = f"engine: {_bytes(stats['engine_bytes'])} now, {_bytes(stats['engine_peak_bytes'])} at most"

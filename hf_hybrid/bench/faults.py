@@ -156,6 +156,7 @@ def run_faults(
                         "trainable_bytes": result.trainable_bytes, "restores": stats.get("restores", 0),
                         "spike_skipped_steps": stats.get("spike_skipped_steps", 0),
                         "restore_steps": stats.get("restore_steps", []),
+                        "skips": stats.get("skips", 0),
                         "spike_guard_bytes": stats.get("spike_guard_bytes", 0),
                         "spike_guard_time_share": stats.get("timing", {}).get("parts", {}).get("spike_guard"),
                     }

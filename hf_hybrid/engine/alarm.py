@@ -28,12 +28,14 @@ class DivergenceLevel(IntEnum):
 class Alarm:
     """One thing that went wrong. `blames_weights=False` for failures that say nothing about the
     parameters (a predictor that crashed while only being scored): they never cause a rollback.
-    `restorable`: a loss spike the spike guard can undo by restoring its last trusted copy."""
+    `restorable`: a loss spike the spike guard can undo by restoring its last trusted copy;
+    `skips_step`: a sudden spike blamed on the batch, whose update is not applied."""
 
     level: DivergenceLevel
     reason: str
     blames_weights: bool = True
     restorable: bool = False
+    skips_step: bool = False
 
 
 def worst_level(alarms: Iterable[Alarm]) -> DivergenceLevel:

@@ -22,6 +22,7 @@ SPIKE_GUARD_OFF: dict[str, Any] = {
     "restores": 0,
     "spike_skipped_steps": 0,
     "restore_steps": [],
+    "skips": 0,
     "spike_guard_bytes": 0,
 }  # a run's spike-guard stats when it is off
 MAX_SEED = 2**63 - 1

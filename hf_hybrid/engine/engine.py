@@ -223,7 +223,10 @@ class HybridEngine:
                 self.learner.real_update(optimizer_step)
             return self._outcome(phase, loss, False, alarms, self._recover(alarms, phase))
         if phase is not Phase.CORRECT:  # inside a predict phase, a spike is the phase's to roll back
-            alarms += self.spike_guard.alarms(loss, grad_norm)
+            alarms += self.spike_guard.alarms(loss, grad_norm, can_skip=skip_nonfinite)
+            if any(a.skips_step for a in alarms):  # a bad batch: its update is not applied
+                self.spike_guard.skipped(self.step_number)
+                return self._outcome(phase, loss, False, alarms, self._recover(alarms, phase))
             with self.timer.part("decide"):
                 self.wakefulness.update(self.confidence, self.step_number)
         # A finite step always reaches the optimizer, as in the plain Trainer; a rollback decided below

@@ -77,7 +77,7 @@ def describe(
         else f"{full} before the next predict phase",
         RecoveryAction.SHORTEN_HORIZON: "halved the predict horizon",
     }[action]
-    skipped = any(a.reason.startswith(NONFINITE_STEP) for a in alarms)
+    skipped = any(a.reason.startswith(NONFINITE_STEP) or a.skips_step for a in alarms)
     if skipped:
         done = "skipped the optimizer step; " + done
     notable = (

@@ -40,6 +40,11 @@ LEVEL_STEPS = 5  # the loss's current level: the median of this many recent clea
 # is rare (~5e-6 a step for Gaussian noise); an lr x30 burst on the 2x64 GPT-2 raised the loss by 4
 # noise units and 19% for six steps without any single step passing the one-step test.
 SHIFT_STEPS, SHIFT_BASE, SHIFT_Z, SHIFT_RISE = 3, 20, 3.0, 0.1
+MAX_SKIPS = 8  # sudden spikes in a row skipped as bad batches after a restore; then the run trains on
+
+
+def _spike_alarm(why: str, **kind: bool) -> Alarm:
+    return Alarm(DivergenceLevel.CRITICAL, f"{SPIKE}: {why}", **kind)
 
 
 class _Copy:
@@ -122,35 +127,47 @@ class SpikeDetector:
         self.grad_norms: deque[float] = deque(maxlen=config.history)
 
     def spike(self, loss: float | None, grad_norm: float | None) -> str | None:
-        """Why this step is a spike, or None.
+        """Why this step is a spike (sudden or lasting), or None."""
+        return self.sudden(loss, grad_norm) or self.lasting(loss)
 
-        The loss is judged against the median of the last few steps (where training is now) in units of
-        the step-to-step noise (the robust spread of successive differences, which a falling trend does
-        not inflate as it does the spread of the values themselves)."""
+    def sudden(self, loss: float | None, grad_norm: float | None) -> str | None:
+        """One step far out: its loss against the median of the last few steps, in units of the
+        step-to-step noise (the robust spread of successive differences, which a falling trend does not
+        inflate as it does the spread of the values themselves), or its gradient norm."""
         c = self.config
         if loss is not None and len(self.losses) >= c.min_history:
-            recent = list(self.losses)
-            level = statistics.median(recent[-LEVEL_STEPS:])
-            jumps = [abs(b - a) for a, b in zip(recent[:-1], recent[1:], strict=True)]
-            noise = max(1.4826 * statistics.median(jumps) / math.sqrt(2), 1e-3 * abs(level), 1e-12)
+            level, noise = self._level_and_noise()
             z = (loss - level) / noise
             if z > c.max_z and loss > level + c.min_rise * abs(level):
                 return f"loss {loss:.4g} is {z:.0f} noise units above the recent {level:.4g}"
-            # a shift that lasts (weights damaged by a burst of large updates): the last few steps'
-            # median against the level before them
-            before = statistics.median(recent[-SHIFT_BASE - SHIFT_STEPS + 1 : -SHIFT_STEPS + 1])
-            now = statistics.median([*recent[-SHIFT_STEPS + 1 :], loss])
-            shift = (now - before) / noise
-            if shift > SHIFT_Z and now > before + SHIFT_RISE * abs(before):
-                return (
-                    f"the loss of the last {SHIFT_STEPS} steps, {now:.4g}, is {shift:.1f} noise units "
-                    f"above the {before:.4g} before them"
-                )
         if grad_norm is not None and len(self.grad_norms) >= c.min_history:
             median = max(statistics.median(self.grad_norms), 1e-12)
             if grad_norm > c.max_grad_ratio * median:
                 return f"gradient norm {grad_norm:.4g} is {grad_norm / median:.0f}x the recent median"
         return None
+
+    def lasting(self, loss: float | None) -> str | None:
+        """A shift that lasts (weights damaged by a burst of large updates): the last few steps' median
+        against the level before them."""
+        if loss is None or len(self.losses) < self.config.min_history:
+            return None
+        recent = list(self.losses)
+        _, noise = self._level_and_noise()
+        before = statistics.median(recent[-SHIFT_BASE - SHIFT_STEPS + 1 : -SHIFT_STEPS + 1])
+        now = statistics.median([*recent[-SHIFT_STEPS + 1 :], loss])
+        shift = (now - before) / noise
+        if shift > SHIFT_Z and now > before + SHIFT_RISE * abs(before):
+            return (
+                f"the loss of the last {SHIFT_STEPS} steps, {now:.4g}, is {shift:.1f} noise units above "
+                f"the {before:.4g} before them"
+            )
+        return None
+
+    def _level_and_noise(self) -> tuple[float, float]:
+        recent = list(self.losses)
+        level = statistics.median(recent[-LEVEL_STEPS:])
+        jumps = [abs(b - a) for a, b in zip(recent[:-1], recent[1:], strict=True)]
+        return level, max(1.4826 * statistics.median(jumps) / math.sqrt(2), 1e-3 * abs(level), 1e-12)
 
     def add(self, loss: float | None, grad_norm: float | None) -> None:
         if loss is not None:
@@ -185,6 +202,9 @@ class SpikeGuard:
         self.trusted, self.pending = _Copy(), _Copy()
         self.clean_since_pending = 0
         self.restore_steps: list[int] = []
+        self.skip_steps: list[int] = []
+        self.skips_in_a_row = 0
+        self.restored_since_update = False  # the weights are a trusted copy: spikes are the batches'
         self.skipped_steps = 0
         self.capped_at: int | None = None  # the step of the last refusal, logged once per window
 
@@ -205,10 +225,31 @@ class SpikeGuard:
             return None
         return self.detector.spike(loss, grad_norm)
 
-    def alarms(self, loss: float | None, grad_norm: float | None) -> list[Alarm]:
-        """The spike as the engine's recovery rule takes it (it decides whether to `restore`)."""
-        why = self.check(loss, grad_norm)
-        return [] if why is None else [Alarm(DivergenceLevel.CRITICAL, f"{SPIKE}: {why}", restorable=True)]
+    def alarms(self, loss: float | None, grad_norm: float | None, can_skip: bool = True) -> list[Alarm]:
+        """The spike as the engine's recovery rule takes it, judged before the step's update is applied.
+
+        A sudden spike first blames the batch: the step is skipped (its update never applied, nothing
+        to restore). A second one right after blames the weights (the same weights spiked twice): the
+        recovery rule may `restore`, as it may for a lasting shift. Right after a restore the weights are
+        a trusted copy, so sudden spikes are bad batches again, skipped up to `MAX_SKIPS` in a row; past
+        that the data has changed and the run trains on. `can_skip=False` where the optimizer must see
+        every step (a fp16 GradScaler)."""
+        if not self.params or not self._finite(loss, grad_norm):
+            return []
+        lasting = self.detector.lasting(loss)
+        sudden = None if lasting else self.detector.sudden(loss, grad_norm)
+        if sudden is not None and can_skip and (self.skips_in_a_row == 0 or self.restored_since_update):
+            if self.skips_in_a_row >= MAX_SKIPS:
+                return []
+            return [_spike_alarm(sudden, blames_weights=False, skips_step=True)]
+        why = lasting or sudden
+        return [] if why is None else [_spike_alarm(why, restorable=True)]
+
+    def skipped(self, step: int) -> None:
+        """The engine did not apply this step's update (`alarms` blamed the batch)."""
+        self.skips_in_a_row += 1
+        self.skip_steps.append(step)
+        self.skipped_steps += 1
 
     def observe(self, step: int, loss: float | None, grad_norm: float | None, applied: bool) -> None:
         """A step that was not restored: its values join the recent window (a spike left alone is the new
@@ -217,6 +258,8 @@ class SpikeGuard:
             return
         spike = self.detector.spike(loss, grad_norm) is not None
         self.detector.add(loss, grad_norm)
+        if applied:
+            self.skips_in_a_row, self.restored_since_update = 0, False
         if applied and not spike:
             self._advance(step)
 
@@ -246,7 +289,8 @@ class SpikeGuard:
         skipped = step - self.trusted.step
         self.skipped_steps += skipped
         self.restore_steps.append(step)
-        self.pending.step, self.clean_since_pending = None, 0
+        self.pending.step, self.clean_since_pending, self.skips_in_a_row = None, 0, 0
+        self.restored_since_update = True
         logger.warning(
             "hf_hybrid: step %d: %s -> restored the weights and optimizer state of step %d, "
             "skipping the %d batches since",
@@ -294,6 +338,7 @@ class SpikeGuard:
             "restores": len(self.restore_steps),
             "spike_skipped_steps": self.skipped_steps,
             "restore_steps": list(self.restore_steps),
+            "skips": len(self.skip_steps),
             "spike_guard_bytes": self.nbytes(),
         }
 
@@ -303,10 +348,16 @@ class SpikeGuard:
         return {
             "detector": self.detector.state_dict(),
             "restore_steps": list(self.restore_steps),
+            "skip_steps": list(self.skip_steps),
+            "skips_in_a_row": self.skips_in_a_row,
+            "restored_since_update": self.restored_since_update,
             "skipped_steps": self.skipped_steps,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.detector.load_state_dict(state["detector"])
         self.restore_steps = [int(s) for s in state["restore_steps"]]
+        self.skip_steps = [int(s) for s in state.get("skip_steps", [])]
+        self.skips_in_a_row = int(state.get("skips_in_a_row", 0))
+        self.restored_since_update = bool(state.get("restored_since_update", False))
         self.skipped_steps = int(state["skipped_steps"])
