@@ -9,6 +9,7 @@ import torch
 from helpers import hybrid_trainer, lora_gpt2, plain_trainer, step_logs
 
 from hf_hybrid.bench.faults import FaultWindow, inject
+from hf_hybrid.engine.spike_guard import BLAME_AFTER
 
 GUARD = {"hybrid_confidence_threshold": 1.0, "hybrid_spike_guard": "on", "hybrid_guard_every": 5}
 
@@ -37,9 +38,12 @@ def test_an_lr_burst_is_restored_and_reported(tmp_path, caplog: pytest.LogCaptur
     with caplog.at_level(logging.INFO, logger="hf_hybrid"):
         trainer.train()
     stats = trainer.hybrid_stats()
-    assert stats["restores"] >= 1
-    assert all(51 <= step <= 55 for step in stats["restore_steps"]), stats["restore_steps"]
-    assert stats["spike_skipped_steps"] >= stats["restores"]
+    # on this model the x30 update of step 51 makes every later loss a sudden spike: the steps are first
+    # skipped as bad batches, then the weights are blamed and the trusted copy restored
+    assert stats["restores"] >= 1 and stats["skips"] >= 1
+    last = 51 + BLAME_AFTER + 2
+    assert all(51 <= step <= last for step in stats["restore_steps"]), stats["restore_steps"]
+    assert stats["spike_skipped_steps"] >= stats["restores"] + stats["skips"]
     restored = [row["step"] for row in trainer.hybrid_timeline if row["action"] == "restore"]
     assert restored == stats["restore_steps"]
     logged = [e["hybrid/restores"] for e in trainer.state.log_history if "hybrid/restores" in e]

@@ -40,6 +40,9 @@ LEVEL_STEPS = 5  # the loss's current level: the median of this many recent clea
 # is rare (~5e-6 a step for Gaussian noise); an lr x30 burst on the 2x64 GPT-2 raised the loss by 4
 # noise units and 19% for six steps without any single step passing the one-step test.
 SHIFT_STEPS, SHIFT_BASE, SHIFT_Z, SHIFT_RISE = 3, 20, 3.0, 0.1
+# Sudden spikes in a row skipped as bad batches before the weights are blamed: waiting costs a step each,
+# a restore about `every` / 2 + `trust_after`, so waiting about as long bounds the cost of a wrong guess.
+BLAME_AFTER = 5
 MAX_SKIPS = 8  # sudden spikes in a row skipped as bad batches after a restore; then the run trains on
 
 
@@ -229,7 +232,7 @@ class SpikeGuard:
         """The spike as the engine's recovery rule takes it, judged before the step's update is applied.
 
         A sudden spike first blames the batch: the step is skipped (its update never applied, nothing
-        to restore). A second one right after blames the weights (the same weights spiked twice): the
+        to restore). `BLAME_AFTER` of them in a row blame the weights (the same weights kept spiking): the
         recovery rule may `restore`, as it may for a lasting shift. Right after a restore the weights are
         a trusted copy, so sudden spikes are bad batches again, skipped up to `MAX_SKIPS` in a row; past
         that the data has changed and the run trains on. `can_skip=False` where the optimizer must see
@@ -238,7 +241,11 @@ class SpikeGuard:
             return []
         lasting = self.detector.lasting(loss)
         sudden = None if lasting else self.detector.sudden(loss, grad_norm)
-        if sudden is not None and can_skip and (self.skips_in_a_row == 0 or self.restored_since_update):
+        if (
+            sudden is not None
+            and can_skip
+            and (self.skips_in_a_row < BLAME_AFTER or self.restored_since_update)
+        ):
             if self.skips_in_a_row >= MAX_SKIPS:
                 return []
             return [_spike_alarm(sudden, blames_weights=False, skips_step=True)]

@@ -160,7 +160,7 @@ def test_bad_config_names_the_field(field: str, value: object) -> None:
 
 
 def test_a_sudden_spike_skips_the_batch_and_a_second_one_blames_the_weights() -> None:
-    from hf_hybrid.engine.spike_guard import MAX_SKIPS
+    from hf_hybrid.engine.spike_guard import BLAME_AFTER, MAX_SKIPS
 
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -168,19 +168,20 @@ def test_a_sudden_spike_skips_the_batch_and_a_second_one_blames_the_weights() ->
     for step in range(1, 31):
         guard.after_step(step, 1.0 + 0.01 * (step % 2), 1.0, applied=True)
     assert guard.alarms(1.0, 1.0) == []
-    (first,) = guard.alarms(100.0, 1.0)
-    assert first.skips_step and not first.restorable and not first.blames_weights
-    guard.skipped(31)
-    (second,) = guard.alarms(100.0, 1.0)  # the same weights spiked twice: they are to blame
+    for step in range(31, 31 + BLAME_AFTER):  # bad batches, skipped
+        (alarm,) = guard.alarms(100.0, 1.0)
+        assert alarm.skips_step and not alarm.restorable and not alarm.blames_weights
+        guard.skipped(step)
+    (second,) = guard.alarms(100.0, 1.0)  # the same weights kept spiking: they are to blame
     assert second.restorable and not second.skips_step
     assert not guard.alarms(100.0, 1.0, can_skip=False)[0].skips_step  # a GradScaler sees every step
-    guard.restore(32, second.reason)
-    for step in range(33, 33 + MAX_SKIPS):  # a trusted copy now: spikes are bad batches again
+    guard.restore(36, second.reason)
+    for step in range(37, 37 + MAX_SKIPS):  # a trusted copy now: spikes are bad batches again
         (alarm,) = guard.alarms(100.0, 1.0)
         assert alarm.skips_step
         guard.skipped(step)
     assert guard.alarms(100.0, 1.0) == []  # the data changed: the run trains on
     stats = guard.stats()
-    assert stats["skips"] == 1 + MAX_SKIPS and stats["restore_steps"] == [32]
-    guard.observe(41, 1.0, 1.0, applied=True)
+    assert stats["skips"] == BLAME_AFTER + MAX_SKIPS and stats["restore_steps"] == [36]
+    guard.observe(50, 1.0, 1.0, applied=True)
     assert guard.skips_in_a_row == 0 and not guard.restored_since_update
