@@ -58,6 +58,25 @@ class _Copy:
         self.params: list[torch.Tensor] = []
         self.state: list[dict[str, Any]] = []
 
+    def state_dict(self) -> dict[str, Any]:
+        """The copy itself (tensors go to the checkpoint's tensor file); values a checkpoint cannot hold
+        (an optimizer's own objects) are left out, and the copy with them: it is taken again."""
+        if self.step is None or not all(_storable(v) for s in self.state for v in s.values()):
+            return {"step": None}
+        return {"step": self.step, "params": list(self.params), "state": [dict(s) for s in self.state]}
+
+    def load_state_dict(self, saved: dict[str, Any], params: list[torch.Tensor], device: str) -> None:
+        self.step = None if saved["step"] is None else int(saved["step"])
+        if self.step is None:
+            self.params, self.state = [], []
+            return
+        where = [torch.device("cpu") if device == "cpu" else local(p).device for p in params]
+        self.params = [t.to(w) for t, w in zip(saved["params"], where, strict=True)]
+        self.state = [
+            {k: v.to(w) if torch.is_tensor(v) else v for k, v in s.items()}
+            for s, w in zip(saved["state"], where, strict=True)
+        ]
+
     def take(self, step: int, params: list[torch.Tensor], optimizer: Any, device: str) -> None:
         self.step = step
         self.params = [_copy_into(old, p, device) for old, p in _pad(self.params, params)]
@@ -100,6 +119,14 @@ class _Copy:
         yield from self.params
         for state in self.state:
             yield from (v for v in state.values() if torch.is_tensor(v))
+
+
+def _storable(value: Any) -> bool:
+    if isinstance(value, list | tuple):
+        return all(_storable(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _storable(v) for k, v in value.items())
+    return value is None or isinstance(value, torch.Tensor | bool | int | float | str)
 
 
 def _pad(old: list[Any], new: list[Any]) -> list[tuple[Any, Any]]:
@@ -350,10 +377,14 @@ class SpikeGuard:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """Counters and the detector's window; the copies themselves are not saved (a resumed run
-        takes its first copy at its next due step, and trusts it `trust_after` clean steps later)."""
+        """Counters, the detector's window and both copies, so a resumed run restores what the
+        uninterrupted one would (a full fine-tune's checkpoint holds two more copies of the weights and
+        the optimizer state; an adapter's, two of the adapters')."""
         return {
             "detector": self.detector.state_dict(),
+            "trusted": self.trusted.state_dict(),
+            "pending": self.pending.state_dict(),
+            "clean_since_pending": self.clean_since_pending,
             "restore_steps": list(self.restore_steps),
             "skip_steps": list(self.skip_steps),
             "skips_in_a_row": self.skips_in_a_row,
@@ -368,3 +399,7 @@ class SpikeGuard:
         self.skips_in_a_row = int(state.get("skips_in_a_row", 0))
         self.restored_since_update = bool(state.get("restored_since_update", False))
         self.skipped_steps = int(state["skipped_steps"])
+        self.clean_since_pending = int(state.get("clean_since_pending", 0))
+        for name in ("trusted", "pending"):
+            if name in state:
+                getattr(self, name).load_state_dict(state[name], self.params, self.config.device)

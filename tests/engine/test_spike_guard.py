@@ -141,13 +141,24 @@ def test_no_copy_no_restore_and_non_finite_steps_are_not_spikes() -> None:
     assert guard.stats()["restores"] == 0
 
 
-def test_state_dict_round_trip_keeps_counters_and_statistics() -> None:
-    _, guard = _train(SpikeGuardConfig(every=10), burst=range(80, 83))
+def test_state_dict_round_trip_keeps_counters_statistics_and_copies() -> None:
+    """A resumed guard restores what the uninterrupted one would: its copies travel with its state."""
+    model, guard = _train(SpikeGuardConfig(every=10), burst=range(80, 83))
     assert guard is not None
-    fresh = SpikeGuard(torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1), guard.config)
+    twin = copy.deepcopy(model)
+    twin_optimizer = torch.optim.AdamW(twin.parameters(), lr=1e-2)
+    twin_optimizer.load_state_dict(guard.optimizer.state_dict())
+    fresh = SpikeGuard(twin_optimizer, guard.config)
     fresh.load_state_dict(copy.deepcopy(guard.state_dict()))
-    assert fresh.state_dict() == guard.state_dict()
-    assert fresh.stats()["restores"] == guard.stats()["restores"] >= 1
+    assert fresh.stats() == guard.stats() and fresh.stats()["restores"] >= 1
+    assert fresh.detector.state_dict() == guard.detector.state_dict()
+    assert fresh.trusted.step == guard.trusted.step is not None
+    guard.restore(STEPS + 1, "test")
+    fresh.restore(STEPS + 1, "test")
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters(), strict=True))
+    moments = [guard.optimizer.state[p]["exp_avg"] for p in model.parameters()]
+    twins = [twin_optimizer.state[q]["exp_avg"] for q in twin.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(twins, moments, strict=True))
 
 
 @pytest.mark.parametrize(
