@@ -333,10 +333,14 @@ class Arena:
         self.echo(
             f"plan: {plain_runs} plain runs (sweep x{list(self.protocol.lr_multipliers)}, widened up to "
             f"{self.protocol.widen} times; frontier 1/4, 1/2, 3/4) and {method_runs} method runs on seed "
-            f"{self.protocol.seeds[0]}, {self.task.max_steps} steps each at most; seeds "
-            f"{list(self.protocol.seeds[1:]) or 'none'} only for methods within {1 - NEAR_WIN:.0%} of "
-            "winning. "
-            f"Estimated {_duration(first)} for the first seed"
+            f"{self.protocol.seeds[0]}, {self.task.max_steps} steps each at most; "
+            + (
+                f"seeds {list(self.protocol.seeds[1:])} only for methods within {1 - NEAR_WIN:.0%} of "
+                "winning. "
+                if self.protocol.seeds[1:]
+                else "one seed (add --seeds 0 1 2 for a verdict that can say `wins`). "
+            )
+            + f"Estimated {_duration(first)} for the first seed"
             + (f" ({done} runs already in the record are skipped)." if done else ".")
         )
 
