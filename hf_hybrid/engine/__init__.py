@@ -10,7 +10,8 @@ each measured loss goes to `HybridOptimizer.add_loss`. In real steps the loop's 
 `HybridOptimizer.set_grad_norm` (predicted steps have no gradient and clip nothing). The loop then calls
 `optimizer.step()` where it always does: `HybridOptimizer.step` averages the losses over ranks into a
 `StepRecord` and hands it, with the wrapped optimizer's `step`, to `HybridEngine.finish_step`, which
-runs the real step (checks, the optimizer step, what the predictor learns) or writes the predicted
-update through the guard, and performs the one `RecoveryAction` the step's alarms call for. Its
+runs the real step (checks and the spike guard's verdict, the optimizer step unless the batch was blamed,
+what the predictor learns) or writes the predicted update through the guard, and performs the one
+`RecoveryAction` the step's alarms call for. Its
 `StepOutcome` goes to `on_outcome` (the trainer's timeline row); the schedule then steps as always.
 """
