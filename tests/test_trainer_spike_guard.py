@@ -38,9 +38,9 @@ def test_an_lr_burst_is_restored_and_reported(tmp_path, caplog: pytest.LogCaptur
     with caplog.at_level(logging.INFO, logger="hf_hybrid"):
         trainer.train()
     stats = trainer.hybrid_stats()
-    # on this model the x30 update of step 51 makes every later loss a sudden spike: the steps are first
-    # skipped as bad batches, then the weights are blamed and the trusted copy restored
-    assert stats["restores"] >= 1 and stats["skips"] >= 1
+    # on this model the x30 updates from step 51 on raise every later loss: a lasting shift (or, first,
+    # sudden spikes skipped as bad batches until the weights are blamed) restores the trusted copy
+    assert stats["restores"] >= 1
     last = 51 + BLAME_AFTER + 2
     assert all(51 <= step <= last for step in stats["restore_steps"]), stats["restore_steps"]
     assert stats["spike_skipped_steps"] >= stats["restores"] + stats["skips"]

@@ -156,19 +156,21 @@ class SpikeDetector:
         self.losses: deque[float] = deque(maxlen=config.history)
         self.grad_norms: deque[float] = deque(maxlen=config.history)
 
-    def spike(self, loss: float | None, grad_norm: float | None) -> str | None:
+    def spike(self, loss: float | None, grad_norm: float | None, after_spike: bool = False) -> str | None:
         """Why this step is a spike (sudden or lasting), or None."""
-        return self.sudden(loss, grad_norm) or self.lasting(loss)
+        return self.sudden(loss, grad_norm, after_spike) or self.lasting(loss)
 
-    def sudden(self, loss: float | None, grad_norm: float | None) -> str | None:
+    def sudden(self, loss: float | None, grad_norm: float | None, after_spike: bool = False) -> str | None:
         """One step far out: its loss against the median of the last few steps, in units of the
         step-to-step noise (the robust spread of successive differences, which a falling trend does not
-        inflate as it does the spread of the values themselves), or its gradient norm."""
+        inflate as it does the spread of the values themselves), or its gradient norm. `after_spike`: the
+        step before was one, so a smaller rise counts (`min_rise_after_spike`)."""
         c = self.config
         if loss is not None and len(self.losses) >= c.min_history:
             level, noise = self._level_and_noise()
             z = (loss - level) / noise
-            if z > c.max_z and loss > level + c.min_rise * abs(level):
+            rise = c.min_rise_after_spike if after_spike else c.min_rise
+            if z > c.max_z and loss > level + rise * abs(level):
                 return f"loss {loss:.4g} is {z:.0f} noise units above the recent {level:.4g}"
         if grad_norm is not None and len(self.grad_norms) >= c.min_history:
             median = max(statistics.median(self.grad_norms), 1e-12)
@@ -267,7 +269,7 @@ class SpikeGuard:
         if not self.params or not self._finite(loss, grad_norm):
             return []
         lasting = self.detector.lasting(loss)
-        sudden = None if lasting else self.detector.sudden(loss, grad_norm)
+        sudden = None if lasting else self.detector.sudden(loss, grad_norm, self.skips_in_a_row > 0)
         if (
             sudden is not None
             and can_skip
@@ -290,7 +292,7 @@ class SpikeGuard:
         normal, learnt as such); a clean applied step earns trust for the pending copy or takes one."""
         if not self.params or not self._finite(loss, grad_norm):
             return
-        spike = self.detector.spike(loss, grad_norm) is not None
+        spike = self.detector.spike(loss, grad_norm, self.skips_in_a_row > 0) is not None
         self.detector.add(loss, grad_norm)
         if applied:
             self.skips_in_a_row, self.restored_since_update = 0, False
