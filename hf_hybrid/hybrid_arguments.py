@@ -143,14 +143,14 @@ class HybridArgumentsMixin:
     )
 
     hybrid_spike_guard: str = field(
-        default="off",
+        default="auto",
         metadata={
-            "help": "Roll back loss spikes in every step, predicted or not: copies of the trainable "
-            "weights and optimizer state every hybrid_guard_every steps; on a spike the last trusted copy is "
-            "restored and the batches since are skipped. auto: on when at most a tenth of the parameters "
-            "train (LoRA and other adapters: the copies are small), off for full fine-tunes (two copies of "
-            "the weights and the optimizer state in host memory); on; off (the default: a clean LoRA run "
-            "had one step skipped, so it is opt-in until the detector holds clean everywhere).",
+            "help": "Skip or roll back loss spikes in every step, predicted or not: a sudden spike's batch "
+            "is skipped; a lasting one restores the last trusted copy of the trainable weights and optimizer "
+            "state (taken every hybrid_guard_every steps) and skips the batches since. auto (the default): "
+            "on when at most a tenth of the parameters train (LoRA and other adapters: the copies are "
+            "small), off for full fine-tunes (two copies of the weights and the optimizer state in host "
+            "memory); on; off.",
             "choices": list(SPIKE_GUARD_MODES),
         },
     )

@@ -118,7 +118,7 @@ def _flat(fingerprint: dict[str, Any]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class SpikeGuardConfig:
     """A spike: a loss more than `max_z` noise units above the median of the last few clean steps and at
-    least `min_rise` of it above (`min_rise_after_spike` while the step before was a spike), or a
+    least `min_rise` of it above (`min_rise_after_spike` right after a skipped or restored spike), or a
     gradient norm over `max_grad_ratio` times the median of the last `history` clean steps (judged once
     `min_history` are in). Medians and step-to-step differences over a window, not a running mean and
     variance: the steep early descent of a fine-tune would otherwise inflate the spread for hundreds of

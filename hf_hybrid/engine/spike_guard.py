@@ -154,6 +154,7 @@ class SpikeDetector:
     def __init__(self, config: SpikeGuardConfig) -> None:
         self.config = config
         self.losses: deque[float] = deque(maxlen=config.history)
+        self.loss_steps: deque[int] = deque(maxlen=config.history)  # the step of each loss
         self.grad_norms: deque[float] = deque(maxlen=config.history)
 
     def spike(self, loss: float | None, grad_norm: float | None, after_spike: bool = False) -> str | None:
@@ -201,17 +202,31 @@ class SpikeDetector:
         jumps = [abs(b - a) for a, b in zip(recent[:-1], recent[1:], strict=True)]
         return level, max(1.4826 * statistics.median(jumps) / math.sqrt(2), 1e-3 * abs(level), 1e-12)
 
-    def add(self, loss: float | None, grad_norm: float | None) -> None:
+    def add(self, loss: float | None, grad_norm: float | None, step: int = 0) -> None:
         if loss is not None:
             self.losses.append(loss)
+            self.loss_steps.append(step)
         if grad_norm is not None:
             self.grad_norms.append(grad_norm)
 
+    def forget_after(self, step: int) -> None:
+        """The losses of the steps after `step` belong to a trajectory that was restored away: a spike
+        left in the window would make the next steps look like a lasting shift again."""
+        while self.loss_steps and self.loss_steps[-1] > step:
+            self.losses.pop()
+            self.loss_steps.pop()
+
     def state_dict(self) -> dict[str, Any]:
-        return {"losses": list(self.losses), "grad_norms": list(self.grad_norms)}
+        return {
+            "losses": list(self.losses),
+            "loss_steps": list(self.loss_steps),
+            "grad_norms": list(self.grad_norms),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.losses = deque((float(v) for v in state["losses"]), maxlen=self.config.history)
+        steps = state.get("loss_steps", [0] * len(self.losses))  # a checkpoint from before the steps
+        self.loss_steps = deque((int(s) for s in steps), maxlen=self.config.history)
         self.grad_norms = deque((float(v) for v in state["grad_norms"]), maxlen=self.config.history)
 
 
@@ -269,7 +284,7 @@ class SpikeGuard:
         if not self.params or not self._finite(loss, grad_norm):
             return []
         lasting = self.detector.lasting(loss)
-        sudden = None if lasting else self.detector.sudden(loss, grad_norm, self.skips_in_a_row > 0)
+        sudden = None if lasting else self.detector.sudden(loss, grad_norm, self._after_spike)
         if (
             sudden is not None
             and can_skip
@@ -280,6 +295,11 @@ class SpikeGuard:
             return [_spike_alarm(sudden, blames_weights=False, skips_step=True)]
         why = lasting or sudden
         return [] if why is None else [_spike_alarm(why, restorable=True)]
+
+    @property
+    def _after_spike(self) -> bool:
+        """The step before was skipped or restored as a spike: a smaller rise counts as one too."""
+        return self.skips_in_a_row > 0 or self.restored_since_update
 
     def skipped(self, step: int) -> None:
         """The engine did not apply this step's update (`alarms` blamed the batch)."""
@@ -292,8 +312,8 @@ class SpikeGuard:
         normal, learnt as such); a clean applied step earns trust for the pending copy or takes one."""
         if not self.params or not self._finite(loss, grad_norm):
             return
-        spike = self.detector.spike(loss, grad_norm, self.skips_in_a_row > 0) is not None
-        self.detector.add(loss, grad_norm)
+        spike = self.detector.spike(loss, grad_norm, self._after_spike) is not None
+        self.detector.add(loss, grad_norm, step)
         if applied:
             self.skips_in_a_row, self.restored_since_update = 0, False
         if applied and not spike:
@@ -322,6 +342,7 @@ class SpikeGuard:
     def restore(self, step: int, why: str) -> None:
         """Put back the trusted copy's weights and optimizer state; the batches since it are skipped."""
         self.trusted.restore(self.params, self.optimizer)
+        self.detector.forget_after(self.trusted.step)
         skipped = step - self.trusted.step
         self.skipped_steps += skipped
         self.restore_steps.append(step)

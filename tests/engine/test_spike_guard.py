@@ -196,3 +196,41 @@ def test_a_sudden_spike_skips_the_batch_and_a_second_one_blames_the_weights() ->
     assert stats["skips"] == BLAME_AFTER + MAX_SKIPS and stats["restore_steps"] == [36]
     guard.observe(50, 1.0, 1.0, applied=True)
     assert guard.skips_in_a_row == 0 and not guard.restored_since_update
+
+
+def _steady_guard(steps: int = 30) -> SpikeGuard:
+    """A guard whose window holds `steps` losses of 1.0 +- 0.01, copies every 5 steps, trusted after 1."""
+    model = torch.nn.Linear(2, 1)
+    guard = SpikeGuard(torch.optim.SGD(model.parameters(), lr=0.1), SpikeGuardConfig(every=5, trust_after=1))
+    for step in range(1, steps + 1):
+        guard.after_step(step, 1.0 + 0.01 * (step % 2), 1.0, applied=True)
+    return guard
+
+
+def test_a_moderate_rise_counts_only_right_after_a_spike() -> None:
+    """40% above the level is a heavy-tailed batch on its own (no alarm), but a spike's next step."""
+    guard = _steady_guard()
+    assert guard.alarms(1.4, 1.0) == []
+    (first,) = guard.alarms(3.0, 1.0)
+    assert first.skips_step
+    guard.skipped(31)
+    (second,) = guard.alarms(1.4, 1.0)
+    assert second.skips_step
+
+
+def test_a_restore_forgets_the_losses_of_the_steps_it_discarded() -> None:
+    """The losses after the restored copy were the spike's: left in the window they would read as a
+    lasting shift at the next steps and restore again and again."""
+    guard = _steady_guard()
+    assert guard.alarms(1.35, 1.0) == []  # under the one-step bar: applied
+    guard.observe(31, 1.35, 1.0, applied=True)
+    (lasting,) = guard.alarms(1.4, 1.0)  # two of the last three steps up: a lasting shift
+    assert lasting.restorable and "last 3 steps" in lasting.reason
+    trusted = guard.trusted.step
+    guard.restore(32, lasting.reason)
+    assert max(guard.detector.loss_steps) <= trusted and max(guard.detector.losses) < 1.1
+    (after,) = guard.alarms(1.4, 1.0)  # the fault's next step: a bad batch now, not another restore
+    assert after.skips_step and not after.restorable
+    restored = SpikeGuard(guard.optimizer, guard.config)
+    restored.load_state_dict(guard.state_dict())
+    assert list(restored.detector.loss_steps) == list(guard.detector.loss_steps)
