@@ -91,9 +91,13 @@ def wins_everywhere(records: dict[str, dict]) -> list[str]:
 
 
 def table(records: dict[str, dict]) -> str:
+    """The table of the judged records; a record still without verdicts (its first command has not
+    finished) is listed under it with its command and how many runs it holds."""
+    running = {t: r for t, r in records.items() if not r["verdicts"]}
+    records = {t: r for t, r in records.items() if r["verdicts"]}
     tasks = list(records)
     winners = wins_everywhere(records)
-    missing = [t for t in TASK_ORDER if t not in records]
+    missing = [t for t in TASK_ORDER if t not in records and t not in running]
     headline = (
         f"**Yes, on every task measured**: {', '.join(f'`{w}`' for w in winners)}."
         if winners
@@ -124,6 +128,9 @@ def table(records: dict[str, dict]) -> str:
         "",
     ]
     lines += [f"- `{t}`: `{records[t]['command']}`" for t in tasks]
+    if running:
+        lines += ["", "Being run (not judged yet; the same command resumes from the record):", ""]
+        lines += [f"- `{t}`: `{r['command']}` ({len(r['runs'])} runs so far)" for t, r in running.items()]
     if missing:
         lines += ["", f"Still being run: {', '.join(f'`{t}`' for t in missing)} (same protocol)."]
     return "\n".join(lines)

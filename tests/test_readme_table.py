@@ -25,3 +25,15 @@ def test_the_readme_table_is_generated_from_the_records():
     assert block == generated, "README.md's table is stale: run `python benchmarks/table.py`"
     for task, record in records.items():
         assert f"`{task}`: `{record['command']}`" in block  # every claim names its command
+
+
+def test_a_record_without_verdicts_is_listed_as_being_run_not_as_a_column():
+    table = _table_module()
+    records = table.load()
+    judged = next(iter(records.values()))
+    running = {"command": "hf-hybrid bench --tasks minilm_lora --out x", "runs": [{}, {}, {}], "verdicts": []}
+    generated = table.table({"clm_stdlib": judged, "minilm_lora": running})
+    header = next(line for line in generated.splitlines() if line.startswith("| method |"))
+    assert "`minilm_lora`" not in header
+    assert "- `minilm_lora`: `hf-hybrid bench --tasks minilm_lora --out x` (3 runs so far)" in generated
+    assert "`minilm_cls`, `decoder_ft`, `decoder_lora`" in generated  # the ones with no record at all
