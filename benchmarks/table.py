@@ -62,6 +62,13 @@ def pick(record: dict, name: str) -> dict | None:
     return max(rows, key=lambda v: v["per_seed"][0]["speedup_units"] if v.get("per_seed") else 1.0)
 
 
+def ratio(row: dict, key: str) -> str:
+    """`>` when every seed ended below the whole plain frontier (a lower bound), `<` above it."""
+    kinds = {seed[f"{key}_kind"] for seed in row.get("per_seed") or []}
+    mark = {frozenset({"lower_bound"}): ">", frozenset({"upper_bound"}): "<"}.get(frozenset(kinds), "")
+    return f"{mark}{row[key]:.2f}x"
+
+
 def cell(row: dict | None) -> str:
     if row is None:
         return "–"
@@ -71,9 +78,9 @@ def cell(row: dict | None) -> str:
         "" if family(row["method"]) in ("hybrid", "hybrid-predict", "null-hybrid") else f"`{row['method']}`: "
     )
     seeds = len(row["seeds"])
-    time = f"{row['speedup_time']:.2f}x" + ("~" if row.get("speedup_time_within_clock_noise") else "")
+    time = ratio(row, "speedup_time") + ("~" if row.get("speedup_time_within_clock_noise") else "")
     return (
-        f"{name}{row['speedup_units']:.2f}x / {time} ({row['final_loss_delta']:+.3f}), "
+        f"{name}{ratio(row, 'speedup_units')} / {time} ({row['final_loss_delta']:+.3f}), "
         f"**{row['verdict']}**{'' if seeds > 1 else ' (1 seed)'}"
     )
 
@@ -110,8 +117,9 @@ def table(records: dict[str, dict]) -> str:
         headline,
         "",
         "Speed-up at equal eval loss against the lr-tuned plain `Trainer`: compute units / CPU time (final "
-        "eval loss − plain's), verdict; `~` = within the clock noise. Median over the seeds run (3 for "
-        "methods within 10% of winning on seed 0, else 1).",
+        "eval loss − plain's), verdict; `~` = within the clock noise; `>` = a lower bound (the run ended "
+        "below every plain run's eval loss, so the plain cost to match it is unknown). Median over the seeds "
+        "run (3 for methods within 10% of winning on seed 0, else 1).",
         "",
         "| method | " + " | ".join(f"`{t}`" for t in tasks) + " |",
         "|---|" + "---|" * len(tasks),
