@@ -97,6 +97,27 @@ def wins_everywhere(records: dict[str, dict]) -> list[str]:
     return out
 
 
+def wins_somewhere(records: dict[str, dict]) -> str:
+    """Every method that wins on a task, per task: what a user of that kind of fine-tune can take."""
+    parts = []
+    for task, record in records.items():
+        rows = [v for v in record["verdicts"] if v["verdict"] == "wins"]
+        if rows:
+            named = ", ".join(
+                f"`{v['method']}` {ratio(v, 'speedup_units')} ({v['final_loss_delta']:+.3f}, "
+                f"{len(v['seeds'])} seeds)"
+                for v in sorted(rows, key=lambda v: -v["speedup_units"])
+            )
+            parts.append(f"on `{task}` {named}")
+    if not parts:
+        return "No method wins on any single task either."
+    return (
+        "Where a method does win (every seed above 1 + the plain runs' seed band), in compute units: "
+        + "; ".join(parts)
+        + ". Those are not made the default because they do not win on the other tasks."
+    )
+
+
 def table(records: dict[str, dict]) -> str:
     """The table of the judged records; a record still without verdicts (its first command has not
     finished) is listed under it with its command and how many runs it holds."""
@@ -115,6 +136,8 @@ def table(records: dict[str, dict]) -> str:
     )
     lines = [
         headline,
+        "",
+        wins_somewhere(records),
         "",
         "Speed-up at equal eval loss against the lr-tuned plain `Trainer`: compute units / CPU time (final "
         "eval loss − plain's), verdict; `~` = within the clock noise; `>` = a lower bound (the run ended "

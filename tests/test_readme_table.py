@@ -37,3 +37,38 @@ def test_a_record_without_verdicts_is_listed_as_being_run_not_as_a_column():
     assert "`minilm_lora`" not in header
     assert "- `minilm_lora`: `hf-hybrid bench --tasks minilm_lora --out x` (3 runs so far)" in generated
     assert "`minilm_cls`, `decoder_ft`, `decoder_lora`" in generated  # the ones with no record at all
+
+
+def test_a_method_that_wins_on_one_task_is_named_with_its_task():
+    table = _table_module()
+
+    def verdict(method, verdict, units, seeds=(0, 1, 2)):
+        per_seed = [
+            {
+                "speedup_units": units,
+                "speedup_units_kind": "interpolated",
+                "speedup_time_kind": "interpolated",
+            }
+        ] * len(seeds)
+        return {
+            "method": method,
+            "verdict": verdict,
+            "speedup_units": units,
+            "speedup_time": units,
+            "final_loss_delta": -0.01,
+            "seeds": list(seeds),
+            "per_seed": per_seed,
+        }
+
+    records = {
+        "clm_stdlib": {
+            "verdicts": [verdict("plain", "baseline", 1.0), verdict("freeze:1", "loses", 0.3, (0,))]
+        },
+        "minilm_cls": {"verdicts": [verdict("plain", "baseline", 1.0), verdict("freeze:4", "wins", 1.8)]},
+    }
+    line = table.wins_somewhere(records)
+    assert "on `minilm_cls` `freeze:4` 1.80x (-0.010, 3 seeds)" in line
+    assert "clm_stdlib" not in line
+    assert table.wins_everywhere(records) == []
+    no_wins = {"clm_stdlib": records["clm_stdlib"]}
+    assert table.wins_somewhere(no_wins) == "No method wins on any single task either."
