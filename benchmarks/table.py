@@ -78,9 +78,8 @@ def cell(row: dict | None) -> str:
         "" if family(row["method"]) in ("hybrid", "hybrid-predict", "null-hybrid") else f"`{row['method']}`: "
     )
     seeds = len(row["seeds"])
-    time = ratio(row, "speedup_time") + ("~" if row.get("speedup_time_within_clock_noise") else "")
     return (
-        f"{name}{ratio(row, 'speedup_units')} / {time} ({row['final_loss_delta']:+.3f}), "
+        f"{name}{ratio(row, 'speedup_units')} / {_time(row)} ({row['final_loss_delta']:+.3f}), "
         f"**{row['verdict']}**{'' if seeds > 1 else ' (1 seed)'}"
     )
 
@@ -97,6 +96,15 @@ def wins_everywhere(records: dict[str, dict]) -> list[str]:
     return out
 
 
+def _name(row: dict) -> str:
+    parent = row.get("null_control_of")
+    return f"the null control of `{parent}`" if parent else f"`{row['method']}`"
+
+
+def _time(row: dict) -> str:
+    return ratio(row, "speedup_time") + ("~" if row.get("speedup_time_within_clock_noise") else "")
+
+
 def wins_somewhere(records: dict[str, dict]) -> str:
     """Every method that wins on a task, per task: what a user of that kind of fine-tune can take."""
     parts = []
@@ -104,7 +112,7 @@ def wins_somewhere(records: dict[str, dict]) -> str:
         rows = [v for v in record["verdicts"] if v["verdict"] == "wins"]
         if rows:
             named = ", ".join(
-                f"`{v['method']}` {ratio(v, 'speedup_units')} ({v['final_loss_delta']:+.3f}, "
+                f"{_name(v)} {ratio(v, 'speedup_units')} / {_time(v)} (eval loss {v['final_loss_delta']:+.3f} vs plain, "
                 f"{len(v['seeds'])} seeds)"
                 for v in sorted(rows, key=lambda v: -v["speedup_units"])
             )
@@ -112,7 +120,8 @@ def wins_somewhere(records: dict[str, dict]) -> str:
     if not parts:
         return "No method wins on any single task either."
     return (
-        "Where a method does win (every seed above 1 + the plain runs' seed band), in compute units: "
+        "Where a method does win (every seed above 1 + the plain runs' seed band in compute units; units / "
+        "time): "
         + "; ".join(parts)
         + ". Those are not made the default because they do not win on the other tasks."
     )

@@ -67,7 +67,7 @@ def test_a_method_that_wins_on_one_task_is_named_with_its_task():
         "minilm_cls": {"verdicts": [verdict("plain", "baseline", 1.0), verdict("freeze:4", "wins", 1.8)]},
     }
     line = table.wins_somewhere(records)
-    assert "on `minilm_cls` `freeze:4` 1.80x (-0.010, 3 seeds)" in line
+    assert "on `minilm_cls` `freeze:4` 1.80x / 1.80x (eval loss -0.010 vs plain, 3 seeds)" in line
     assert "clm_stdlib" not in line
     assert table.wins_everywhere(records) == []
     no_wins = {"clm_stdlib": records["clm_stdlib"]}
