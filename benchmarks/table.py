@@ -112,8 +112,8 @@ def wins_somewhere(records: dict[str, dict]) -> str:
         rows = [v for v in record["verdicts"] if v["verdict"] == "wins"]
         if rows:
             named = ", ".join(
-                f"{_name(v)} {ratio(v, 'speedup_units')} / {_time(v)} (eval loss {v['final_loss_delta']:+.3f} vs plain, "
-                f"{len(v['seeds'])} seeds)"
+                f"{_name(v)} {ratio(v, 'speedup_units')} / {_time(v)} "
+                f"(eval loss {v['final_loss_delta']:+.3f} vs plain, {len(v['seeds'])} seeds)"
                 for v in sorted(rows, key=lambda v: -v["speedup_units"])
             )
             parts.append(f"on `{task}` {named}")
