@@ -119,11 +119,21 @@ def wins_somewhere(records: dict[str, dict]) -> str:
             parts.append(f"on `{task}` {named}")
     if not parts:
         return "No method wins on any single task either."
+    nulls = any(
+        v["verdict"] == "wins" and v.get("null_control_of") for r in records.values() for v in r["verdicts"]
+    )
     return (
         "Where a method does win (every seed above 1 + the plain runs' seed band in compute units; units / "
         "time): "
         + "; ".join(parts)
-        + ". Those are not made the default because they do not win on the other tasks."
+        + "."
+        + (
+            " A null control that wins says the skipped steps pay by themselves: the predictor's own share "
+            "is the difference between the two."
+            if nulls
+            else ""
+        )
+        + " None wins on every task, so none is made the default."
     )
 
 
