@@ -41,10 +41,13 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 REL_TOL = 1e-5
 GRAD_NORM_TOL = 1e-4
 # Gathered weights against the one-process run, absolute, on weights of order 0.02-1 after 40 AdamW steps:
-# measured at most 1.7e-6 (full model) and 1.6e-7 (LoRA adapters). The attention's key bias is apart: its
+# measured at most 1.7e-6 (full model) and 1.6e-7 (LoRA adapters) on one machine, and 5.1e-6 (block 1's
+# query weights) on an AMD EPYC with the same package versions: the CPU's kernels round differently. A
+# sharding bug (a shard not updated, a gradient not averaged) moves weights by Adam steps of the lr, 3e-3,
+# so 2e-5 still tells it apart by two orders of magnitude. The attention's key bias is apart: its
 # gradient is zero in exact arithmetic (adding q.b_k to every score of a query leaves the softmax as it
 # is), so it receives only rounding noise, which Adam normalises into lr-sized steps: measured 4.6e-5.
-WEIGHT_TOL = 5e-6
+WEIGHT_TOL = 2e-5
 KEY_BIAS_TOL = 2e-4
 LORA_WEIGHT_TOL = 1e-6
 

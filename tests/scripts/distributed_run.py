@@ -33,6 +33,7 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 from helpers import SaveAt, hybrid_trainer, step_logs, tiny_gpt2  # noqa: E402
+from teardown import leave_process_group  # noqa: E402
 
 import hf_hybrid.checkpoint as checkpoint_module  # noqa: E402
 
@@ -125,10 +126,7 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     run(parse())
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        # Without this, about one run in six died with SIGABRT at exit after training had finished.
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    leave_process_group()
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ torch.set_num_threads(1)
 from distributed_run import params_sha256  # noqa: E402
 from fsdp2_cpu_shim import with_fsdp2_on_cpu  # noqa: E402
 from helpers import BLOCK, SaveAt, hybrid_args, step_logs, tiny_data  # noqa: E402
+from teardown import leave_process_group  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback  # noqa: E402
 
 from hf_hybrid import HybridHFTrainer  # noqa: E402
@@ -288,15 +289,7 @@ def main() -> None:
     for name in opts.scenarios.split(","):
         result = SCENARIOS[name](opts)
         Path(opts.out, f"{name}_rank{result['rank']}.json").write_text(json.dumps(result))
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()  # without it, runs sometimes died with SIGABRT at exit
-        torch.distributed.destroy_process_group()
-        # Even so, one of the first seven launches of this script was aborted in the interpreter's teardown
-        # ("terminate called without an active exception") after every result was written; the
-        # results are on disk, so leave without running the C++ static destructors.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    leave_process_group()
 
 
 if __name__ == "__main__":

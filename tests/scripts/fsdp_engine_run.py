@@ -24,20 +24,24 @@ import argparse
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.distributed as dist
-from torch import nn
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hf_hybrid.engine.config import EngineConfig
-from hf_hybrid.engine.engine import HybridEngine, StepOutcome, StepPlan, StepRecord
-from hf_hybrid.engine.phases import Phase, PhaseSchedule
-from hf_hybrid.engine.predictor import EMAPredictor
-from hf_hybrid.engine.sharding import local
-from hf_hybrid.engine.state import join_state, split_state
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from teardown import leave_process_group  # noqa: E402
+from torch import nn  # noqa: E402
+
+from hf_hybrid.engine.config import EngineConfig  # noqa: E402
+from hf_hybrid.engine.engine import HybridEngine, StepOutcome, StepPlan, StepRecord  # noqa: E402
+from hf_hybrid.engine.phases import Phase, PhaseSchedule  # noqa: E402
+from hf_hybrid.engine.predictor import EMAPredictor  # noqa: E402
+from hf_hybrid.engine.sharding import local  # noqa: E402
+from hf_hybrid.engine.state import join_state, split_state  # noqa: E402
 
 GLOBAL_BATCH = 32
 LR = 3e-3
@@ -309,9 +313,7 @@ def main() -> None:
     for name, scenario in scenarios.items():
         result = scenario(opts)
         (opts.out / f"{name}_rank{rank}.json").write_text(json.dumps(result))
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    leave_process_group()
 
 
 if __name__ == "__main__":
