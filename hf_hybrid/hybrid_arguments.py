@@ -143,14 +143,15 @@ class HybridArgumentsMixin:
     )
 
     hybrid_spike_guard: str = field(
-        default="auto",
+        default="off",
         metadata={
             "help": "Skip or roll back loss spikes in every step, predicted or not: a sudden spike's batch "
             "is skipped; a lasting one restores the last trusted copy of the trainable weights and optimizer "
-            "state (taken every hybrid_guard_every steps) and skips the batches since. auto (the default): "
-            "on when at most a tenth of the parameters train (LoRA and other adapters: the copies are "
-            "small), off for full fine-tunes (two copies of the weights and the optimizer state in host "
-            "memory); on; off.",
+            "state (taken every hybrid_guard_every steps) and skips the batches since. off (the default: "
+            "it also acts on spikes a run would have recovered from, so a guarded run is not the plain "
+            "Trainer's); on; auto: on when at most a tenth of the parameters train (LoRA and other adapters, "
+            "whose copies are small), off for full fine-tunes (two copies of the weights and the optimizer "
+            "state in host memory).",
             "choices": list(SPIKE_GUARD_MODES),
         },
     )

@@ -141,7 +141,11 @@ def _run_script(tmp_path, *args, check=True):
     return proc, (json.loads(result.read_text()) if result.exists() else None)
 
 
-@pytest.mark.parametrize("setup", [(), ("--lora", "--accumulation", "2")], ids=["full", "lora_accumulation"])
+@pytest.mark.parametrize(
+    "setup",
+    [(), ("--lora", "--accumulation", "2", "--spike-guard", "on")],
+    ids=["full", "lora_accumulation_guarded"],
+)
 def test_resume_in_a_new_process_continues_exactly(tmp_path, setup):
     out = tmp_path / "out"
     _, straight = _run_script(tmp_path, "--out", out, "--save-at-kinds", *setup)

@@ -63,17 +63,17 @@ def test_the_burst_hurts_the_unguarded_run_more(tmp_path):
     assert runs["on"] < runs["off"]
 
 
-def test_by_default_the_guard_guards_adapters_only(tmp_path):
-    full = hybrid_trainer(tmp_path / "full", max_steps=2)
+def test_the_guard_is_off_by_default_and_auto_guards_adapters_only(tmp_path):
+    default = hybrid_trainer(tmp_path / "default", model=lora_gpt2(), max_steps=2)
+    default.train()
+    full = hybrid_trainer(tmp_path / "full", max_steps=2, hybrid_spike_guard="auto")
     full.train()
-    lora = hybrid_trainer(tmp_path / "lora", model=lora_gpt2(), max_steps=2)
+    lora = hybrid_trainer(tmp_path / "lora", model=lora_gpt2(), max_steps=2, hybrid_spike_guard="auto")
     lora.train()
-    off = hybrid_trainer(tmp_path / "off", model=lora_gpt2(), max_steps=2, hybrid_spike_guard="off")
-    off.train()
-    assert full.args.hybrid_spike_guard == "auto" == lora.args.hybrid_spike_guard
+    assert default.args.hybrid_spike_guard == "off"
+    assert not default.hybrid_stats()["spike_guard"]
     assert not full.hybrid_stats()["spike_guard"]
     assert lora.hybrid_stats()["spike_guard"]
-    assert not off.hybrid_stats()["spike_guard"]
 
 
 def test_the_guard_resumes_where_it_stopped(tmp_path):

@@ -2,6 +2,7 @@
 
 python hybrid_run.py --out DIR [--resume PATH|last] [--save-every N | --save-at-kinds]
                      [--kill-in-save-at STEP] [--kill-at-step STEP] [--lora] [--accumulation N]
+                     [--spike-guard on|off|auto]
                      --result FILE.json
 """
 
@@ -40,6 +41,7 @@ def main() -> None:
     )
     parser.add_argument("--lora", action="store_true")
     parser.add_argument("--accumulation", type=int, default=1)
+    parser.add_argument("--spike-guard", default="off", choices=["on", "off", "auto"])
     parser.add_argument("--result", required=True)
     opts = parser.parse_args()
 
@@ -47,7 +49,12 @@ def main() -> None:
     every = opts.save_every or (10_000 if opts.save_at_kinds else 0)
     save = {"save_strategy": "steps", "save_steps": every} if every else {"save_strategy": "no"}
     trainer = hybrid_trainer(
-        opts.out, model=model, max_steps=opts.max_steps, gradient_accumulation_steps=opts.accumulation, **save
+        opts.out,
+        model=model,
+        max_steps=opts.max_steps,
+        gradient_accumulation_steps=opts.accumulation,
+        hybrid_spike_guard=opts.spike_guard,
+        **save,
     )
     saver = SaveAt(trainer)
     if opts.save_at_kinds:
