@@ -26,6 +26,7 @@ torch.set_num_threads(1)
 from helpers import SaveAt, hybrid_trainer, lora_gpt2, step_logs, tiny_gpt2  # noqa: E402
 
 import hf_hybrid.checkpoint as checkpoint_module  # noqa: E402
+from hf_hybrid.hybrid_arguments import SPIKE_GUARD_MODES  # noqa: E402
 
 
 def main() -> None:
@@ -41,7 +42,7 @@ def main() -> None:
     )
     parser.add_argument("--lora", action="store_true")
     parser.add_argument("--accumulation", type=int, default=1)
-    parser.add_argument("--spike-guard", default="off", choices=["on", "off", "auto"])
+    parser.add_argument("--spike-guard", default="off", choices=SPIKE_GUARD_MODES)
     parser.add_argument("--result", required=True)
     opts = parser.parse_args()
 
