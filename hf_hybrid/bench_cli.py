@@ -21,12 +21,12 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         allow_abbrev=False,
         help="does a method make your fine-tune cheaper at the same eval loss? The plain Trainer (lr tuned, "
         "frontier of budgets) against every method you list, on your model and data",
-        description="The arena: trains your task with the plain transformers.Trainer (a learning-rate sweep, "
-        "then complete runs at 1/4, 1/2, 3/4 of the budget at the best rate) and with each method, and reads "
-        "each method's speed-up at equal eval loss off the plain frontier, in compute units and time, with a "
-        "verdict (wins / ties / loses) against the plain runs' seed noise. Writes results.json, report.md "
-        "and "
-        "arena.png to --out; the same command again resumes.",
+        description="The arena: trains your task with the plain transformers.Trainer (one warmup-stable-decay "
+        "trunk per learning rate, a cooldown branch at 1/4, 1/2 and 3/4 of the budget, the rates raced by "
+        "successive halving, so each budget has its own tuned rate) and with each method on the same "
+        "schedule, and reads each method's speed-up at equal eval loss off the plain frontier, in compute "
+        "units and time, with a verdict (wins / ties / loses) against the plain runs' seed noise. Writes "
+        "results.json, report.md and arena.png to --out; the same command again resumes.",
         epilog="Methods: plain, hybrid[:field=value,...], hybrid-predict, null (adds each method's null "
         "control), freeze:k, selective-backprop[:keep=0.5,...], dropbp[:p=0.5], args:field=value,..., "
         "module.path:Name (a Trainer subclass or TrainerCallback). `--list_methods` describes them.",
@@ -63,7 +63,7 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         "--learning_rate",
         type=float,
         default=None,
-        help="the plain sweep's base rate (default: 5e-5, LoRA 2e-4)",
+        help="the plain sweep's centre (default: set by a learning-rate range test on your task)",
     )
     protocol = bench.add_argument_group("protocol")
     protocol.add_argument(
@@ -78,26 +78,72 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         nargs="+",
         type=float,
         default=None,
-        help="plain sweep, x the base rate (default: 0.5 1 2 4; widened at an edge)",
+        help="plain sweep's first rates, x the base rate, x2 apart (default: 0.5 1 2 4; widened at an edge)",
+    )
+    protocol.add_argument(
+        "--widen",
+        type=int,
+        default=None,
+        help="rates the sweep may add beyond its first ones, per side (default: 3)",
+    )
+    protocol.add_argument(
+        "--cooldown_fraction",
+        type=float,
+        default=None,
+        help="each budget's decay, as a fraction of its steps, in (0, 0.5] (default: 0.2)",
+    )
+    protocol.add_argument(
+        "--decay_shape",
+        choices=("1-sqrt", "linear", "cosine"),
+        default=None,
+        help="the cooldown's shape (default: 1-sqrt)",
+    )
+    protocol.add_argument(
+        "--schedule",
+        choices=("wsd", "separate"),
+        default=None,
+        help="wsd: one trunk per rate with cooldown branches (checked once against the task's own "
+        "schedule); separate: a complete run per budget with the task's own schedule (default: wsd)",
     )
     protocol.add_argument(
         "--method_lr_multipliers",
         nargs="+",
         type=float,
         default=None,
-        help="each method's rates, x the plain best (default: 1 2)",
+        help="each method's rates, x the plain full-budget best (default: the method's own; 1 2 for most, "
+        "4 8 16 for peft:lora)",
     )
     protocol.add_argument(
         "--seeds",
         nargs="+",
         type=int,
         default=None,
-        help="the first for everything, the others for near-winners (default: 0)",
-    )
-    protocol.add_argument(
-        "--eval_points", type=int, default=4, help="evaluations per run (default: %(default)s)"
+        help="the first for everything; the others for plain's frontiers and for methods whose verdict "
+        "they can change (default: 0)",
     )
     protocol.add_argument("--out", default=None, help="output folder (default: bench_results/<task>)")
+    protocol.add_argument(
+        "--fresh",
+        action="store_true",
+        help="move a record of an earlier protocol aside (results.v1.json) and start over",
+    )
+    scale = bench.add_argument_group("scaling out")
+    scale.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="runs at a time, each in its own process: one GPU each, or a share of the CPU cores "
+        "(default: one run at a time in this process)",
+    )
+    scale.add_argument(
+        "--ray",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="ADDRESS",
+        help="run each run as a Ray task: auto (the cluster this machine belongs to), local (start one here) "
+        "or HOST:PORT / ray://HOST:PORT (needs pip install 'hf-hybrid[ray]')",
+    )
     protocol.add_argument("--list_methods", action="store_true", help="describe every method and exit")
     presets = bench.add_argument_group("built-in presets")
     presets.add_argument(
@@ -157,8 +203,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if os.getcwd() not in sys.path:  # `module.path:Name` methods and task factories from the user's folder
         sys.path.insert(0, os.getcwd())
-    from .bench import SUITES, quiet_libraries, run_arena
-    from .bench.protocol import Protocol
+    from .bench import SUITES, quiet_libraries
     from .data import DataError
 
     if args.list_methods:
@@ -178,25 +223,41 @@ def _dispatch(args: argparse.Namespace) -> int:
                 "(--suite/--tasks), not both"
             )
         task = _own_task(args)
-        protocol = Protocol(**_protocol_fields(args, seeds=(0,)))
-        run_arena(task, methods, protocol, args.out or f"bench_results/{task.name}")
+        _arena(
+            args, task, methods, _protocol_fields(args, seeds=(0,)), args.out or f"bench_results/{task.name}"
+        )
         return 0
-    from .bench.tasks import preset
+    from .bench.recipe import build_task, preset_recipe
 
     suite = SUITES[args.suite or "quick"]
     for name in args.tasks or suite["tasks"]:
+        overrides = {"max_steps": args.max_steps} if args.max_steps is not None else {}
         try:
-            task = preset(name, suite["size"])
+            task = build_task(preset_recipe(name, suite["size"], overrides))
         except ValueError as exc:
             raise DataError(str(exc)) from None
-        if args.max_steps is not None:
-            task.max_steps = args.max_steps
         fields = _protocol_fields(
             args, seeds=suite["seeds"], lr_multipliers=suite["lr_multipliers"], widen=suite["widen"]
         )
         out = f"{args.out}/{name}" if args.out else f"bench_results/{args.suite or 'quick'}/{name}"
-        run_arena(task, methods, Protocol(**fields), out)
+        _arena(args, task, methods, fields, out)
     return 0
+
+
+def _arena(args: argparse.Namespace, task: Any, methods: list[str], fields: dict[str, Any], out: str) -> None:
+    from .bench import run_arena
+    from .bench.plan import Protocol
+
+    run_arena(
+        task,
+        methods,
+        Protocol(**fields),
+        out,
+        workers=args.workers,
+        ray=args.ray,
+        use_ray=args.ray is not None,
+        fresh=args.fresh,
+    )
 
 
 def _methods(args: argparse.Namespace) -> list[str]:
@@ -223,7 +284,14 @@ def _protocol_fields(args: argparse.Namespace, **defaults: Any) -> dict[str, Any
         fields["lr_multipliers"] = tuple(args.lr_multipliers)
     if args.method_lr_multipliers is not None:
         fields["method_lr_multipliers"] = tuple(args.method_lr_multipliers)
-    fields["eval_points"] = args.eval_points
+    for flag, name in (
+        ("widen", "widen"),
+        ("cooldown_fraction", "cooldown"),
+        ("decay_shape", "decay"),
+        ("schedule", "schedule"),
+    ):
+        if getattr(args, flag) is not None:
+            fields[name] = getattr(args, flag)
     return fields
 
 
@@ -255,12 +323,15 @@ def _own_task(args: argparse.Namespace) -> Any:
     )
     from pathlib import Path
 
-    return build_user_task(options, args.out or f"bench_results/{Path(args.dataset).stem}")
+    return build_user_task(
+        options, args.out or f"bench_results/{Path(args.dataset).stem}", write_labels=False
+    )
 
 
 def task_from_factory(args: argparse.Namespace) -> Any:
     from .bench import BenchTask
     from .bench.methods.registry import import_object
+    from .bench.recipe import factory_recipe
     from .data import DataError
 
     factory = import_object(args.task_factory)
@@ -270,6 +341,7 @@ def task_from_factory(args: argparse.Namespace) -> Any:
             f"`--task_factory` {args.task_factory} must be a function returning a hf_hybrid.bench.BenchTask, "
             f"got {type(task).__name__}"
         )
+    overrides = {}
     for flag, attr in (
         ("max_steps", "max_steps"),
         ("per_device_train_batch_size", "batch_size"),
@@ -277,7 +349,9 @@ def task_from_factory(args: argparse.Namespace) -> Any:
         ("learning_rate", "learning_rate"),
     ):
         if getattr(args, flag) is not None:
+            overrides[attr] = getattr(args, flag)
             setattr(task, attr, getattr(args, flag))
+    task.recipe = factory_recipe(args.task_factory, overrides)
     return task
 
 

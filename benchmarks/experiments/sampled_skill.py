@@ -34,7 +34,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
-from hf_hybrid.bench.runner import RunSpec, run  # noqa: E402
+from hf_hybrid.bench.runner import PresetRun, run  # noqa: E402
 from hf_hybrid.engine.config import EngineConfig  # noqa: E402
 from hf_hybrid.engine.predictor import build_predictor, delta_dot_products  # noqa: E402
 from hf_hybrid.engine.residuals import Corrector, Residual, ResidualStore  # noqa: E402
@@ -238,7 +238,7 @@ def main() -> None:
     for task in opts.tasks:
         for seed in opts.seeds:
             probe = _SkillProbe(tuple(opts.predictors), cadences, seed)
-            result = run(RunSpec(task, opts.size, "plain", seed, eval_points=1), callbacks=[probe])
+            result = run(PresetRun(task, opts.size, "plain", seed, eval_points=1), callbacks=[probe])
             for (predictor, cadence), scorer in probe.scorers.items():
                 skip = opts.skip if opts.skip is not None else len(scorer.rows) // 10
                 if len(scorer.rows) <= skip:

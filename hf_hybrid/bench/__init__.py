@@ -1,9 +1,10 @@
 """`hf-hybrid bench`: does a method make *your* fine-tune cheaper at the same quality?
 
-The arena trains your task with the plain `Trainer` (a learning-rate sweep, then its frontier of
-complete runs at smaller budgets) and with every method you list, and reads each method's speed-up at
-equal eval loss off that frontier, in compute units and in time, with a verdict against the plain runs'
-own seed noise. Methods are plug-ins (`hf_hybrid.bench.methods`); tasks are your model and data
+The arena trains your task with the plain `Trainer` (a learning-rate sweep by successive halving over one
+warmup-stable-decay trunk per rate, with a cooldown branch at each smaller budget, so every budget gets
+its own tuned rate) and with every method you list on the same schedule, and reads each method's
+speed-up at equal eval loss off that frontier, in compute units and in time, with a verdict against the
+plain runs' own seed noise. Methods are plug-ins (`hf_hybrid.bench.methods`); tasks are your model and data
 (`user_task.py`), a factory of your own, or a built-in preset (`tasks.py`).
 """
 
@@ -17,8 +18,10 @@ from pathlib import Path
 
 import torch
 
+from .arena import Arena, parse_methods
+from .executors import make_executor
 from .methods import Method, MethodError, TrialContext, available_methods, parse_method, register_method
-from .protocol import Arena, Protocol, parse_methods
+from .plan import Protocol
 from .record import Record
 from .report import write_report
 from .task import BenchTask
@@ -41,7 +44,7 @@ SUITES: dict[str, dict] = {
         "tasks": ("clm_stdlib",),
         "seeds": (0,),
         "lr_multipliers": (1.0, 2.0),
-        "widen": 0,
+        "widen": 1,
     },
     "quick": {
         "size": "quick",
@@ -81,17 +84,37 @@ def run_arena(
     protocol: Protocol | None = None,
     out: str | os.PathLike = "bench_results/arena",
     echo: Callable[[str], None] = print,
+    workers: int | None = None,
+    ray: str | None = None,
+    use_ray: bool = False,
+    fresh: bool = False,
 ) -> dict[str, Path]:
-    """The protocol on one task into `out` (results.json, report.md, arena.png); resumes what is there."""
+    """The protocol on one task into `out` (results.json, report.md, arena.png); resumes what is there.
+    `workers`: that many local processes; `use_ray`: Ray tasks on the cluster at `ray` (None: the session
+    this process has, `local`: one started here)."""
     protocol = protocol or Protocol()
     parsed, with_nulls = parse_methods(methods)
-    protocol.check(task)
-    record = Record.open(out, task.describe(), task.identity(), command_line())
-    Arena(task, parsed, with_nulls, protocol, record, echo).run()
+    record = Record.open(out, task.describe(), task.identity(), command_line(), fresh=fresh)
+    arena = Arena(task, parsed, with_nulls, protocol, record, echo=echo)
+    arena.executor = make_executor(task, workers, ray, use_ray)
+    arena.check()
+    _write_labels(task, out)
+    arena.run()
     paths = write_report(record.data, out)
     echo("\n".join(_summary_lines(record.data)))
     echo(f"results: {paths['json']}, {paths['markdown']}, {paths['plot']}")
     return paths
+
+
+def _write_labels(task: BenchTask, out: str | os.PathLike) -> None:
+    """A classification task's label names, beside the record (once every input has been accepted)."""
+    import json
+
+    names = task.info.get("labels")
+    if names:
+        path = Path(out)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "labels.json").write_text(json.dumps({"id2label": dict(enumerate(names))}, indent=1) + "\n")
 
 
 def _summary_lines(data: dict) -> list[str]:

@@ -35,7 +35,7 @@ from transformers import TrainerCallback
 
 from ..data import BYTE_VOCAB_SIZE
 from .memory import engine_retained_bytes
-from .runner import RunResult, RunSpec, run, run_trial
+from .runner import PresetRun, RunResult, run, run_trial
 from .task import BenchTask
 from .tasks import clm_data, get_task
 
@@ -85,7 +85,7 @@ def _steps(task: str, size: str) -> int:
     return get_task("clm_stdlib" if task == LLAMA else task).size(size).steps
 
 
-def _run(spec: RunSpec, callbacks: Sequence[TrainerCallback] = ()) -> RunResult:
+def _run(spec: PresetRun, callbacks: Sequence[TrainerCallback] = ()) -> RunResult:
     """A preset through `runner.run`; the Llama task through the arena's `run_trial`, likewise."""
     if spec.task != LLAMA:
         return run(spec, callbacks=callbacks)
@@ -163,7 +163,7 @@ def measure_task(
         results: dict[str, RunResult] = {}
         for kind in order:
             results[kind] = _run(
-                RunSpec(task, size, kind, seed, hybrid_overrides=hybrid_overrides, eval_points=1)
+                PresetRun(task, size, kind, seed, hybrid_overrides=hybrid_overrides, eval_points=1)
             )
             progress(f"{task} pair {index + 1}/{pairs} {kind:6s} {results[kind].train_seconds:8.2f} s")
         report.pairs.append(_pair(results["plain"], results["hybrid"], order))
@@ -172,7 +172,7 @@ def measure_task(
         return report
     probe = _MemoryProbe()
     probed = _run(
-        RunSpec(task, size, "hybrid", seed, hybrid_overrides=hybrid_overrides, eval_points=1),
+        PresetRun(task, size, "hybrid", seed, hybrid_overrides=hybrid_overrides, eval_points=1),
         callbacks=[probe],
     )
     trainable = probed.trainable_bytes

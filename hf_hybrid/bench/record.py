@@ -1,22 +1,21 @@
 """`results.json`: the arena's record, the one source of truth for a task.
 
-Written after every run (atomically), so the same command again skips what is done, and `report.md`
-and the plot are generated from it, never edited by hand. Schema (`SCHEMA_VERSION` 1):
+Written after every run (atomically) by the coordinator alone, so the same command again continues
+where it stopped, and `report.md` and the plot are generated from it, never edited by hand. Schema
+(`SCHEMA_VERSION` 2; version 1 was the first protocol's, with the full budget's rate at every budget):
 
-- `task`: what was trained (model, data, budget, ...) and `task_identity`, the hash that a resumed
-  invocation must match;
+- `task`: what was trained (model, data, budget, ...) and `task_identity`, the hash a resumed invocation
+  must match; `protocol`: the budgets, their forks and cooldown, the sweep's first rates;
 - `calibration`: `forward_seconds` (one unit), `step_seconds` and `units` per kind of step;
-- `runs`: one object per finished run — `key`, `method`, `role` (`sweep`, `frontier`, `method`, `null`),
-  `learning_rate`, `lr_multiplier` (of the task's base rate), `seed`, `budget` (fraction of `max_steps`),
-  `steps`, `eval_loss` (final), `units` (forward units: the step counts priced by the calibration),
-  `seconds` (training time, evaluation excluded: CPU time on CPU, wall-clock on CUDA), `wall_seconds`,
-  `step_counts`, `curve` (per evaluation: step, seconds, units, eval_loss), `details`, `note`,
-  `replays` (a null control: the key of the run whose phases it replayed);
-- `plain`: the best learning-rate multiplier, the clock noise and the seed spread;
-- `verdicts`: one object per method — `method`, `lr_multiplier`, `seeds`, `speedup_units` and
-  `speedup_time` (medians over seeds), their per-seed values, `final_loss_delta` (eval loss − the plain
-  run's at the full budget, median), `verdict` (`wins`, `ties`, `loses`; `baseline` for plain) and
-  `reason`.
+- `runs`: one `RunRow` per finished run (`rows.py`): its spec, `kind` (`segment`, `branch`,
+  `separate`, `range_test`), `budget`, `eval_loss`, `units` and `seconds` from step 0, `own_seconds`,
+  `step_counts`, `losses` (every step's training loss), `details`, `note`, `replays`, `reused_from`,
+  `error` (a run that failed twice), `eval_example_losses` (plain full-budget points);
+- `decisions`: what the protocol decided (`plan.Decisions`): the sweep's rates per budget, the best,
+  the untuned budgets, the schedule check, the band, each method's race and chosen rate;
+- `plain`: the per-budget best rates, the seed band (and its eval-noise part), the clock noise;
+- `verdicts`: one object per method (`verdicts.py`); `unused`: the keys of runs no longer in the plan;
+  `notes`: what the coordinator noticed (failures, a rebuilt checkpoint that did not reproduce).
 """
 
 from __future__ import annotations
@@ -30,14 +29,11 @@ from typing import Any
 import torch
 
 from ..data import DataError
+from .rows import Rows, RunRow
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+FRESH_FLAG = "--fresh"
 RESULTS_FILE = "results.json"
-
-
-def run_key(method: str, learning_rate: float, seed: int, steps: int, replays: str | None = None) -> str:
-    key = f"{method} | lr {learning_rate:.6g} | seed {seed} | steps {steps}"
-    return key if replays is None else f"{key} | replays [{replays}]"
 
 
 class Record:
@@ -46,15 +42,24 @@ class Record:
         self.data = data
 
     @classmethod
-    def open(cls, out: str | os.PathLike, task: dict[str, Any], identity: str, command: str) -> Record:
-        """The record in `out` (refused if it belongs to another task), or a new one."""
+    def open(
+        cls, out: str | os.PathLike, task: dict[str, Any], identity: str, command: str, fresh: bool = False
+    ) -> Record:
+        """The record in `out` (refused if it belongs to another task or protocol), or a new one; `fresh`
+        moves an old protocol's record aside."""
         path = Path(out) / RESULTS_FILE
+        if fresh and path.is_file():
+            version = json.loads(path.read_text()).get("schema_version")
+            if version != SCHEMA_VERSION:
+                os.replace(path, path.with_name(f"results.v{version}.json"))
         if path.is_file():
             data = json.loads(path.read_text())
             if data.get("schema_version") != SCHEMA_VERSION:
                 raise DataError(
-                    f"{path} has schema version {data.get('schema_version')!r}, not {SCHEMA_VERSION}: "
-                    "use another --out"
+                    f"{path} is a record of the arena's protocol version {data.get('schema_version')!r} "
+                    f"(this arena writes version {SCHEMA_VERSION}: a per-budget tuned frontier from one "
+                    f"trunk); rerun with {FRESH_FLAG} to move it aside (results.v"
+                    f"{data.get('schema_version')}.json) and start over, or use another --out"
                 )
             if data.get("task_identity") != identity:
                 differs = sorted(
@@ -72,10 +77,14 @@ class Record:
             "machine": machine(),
             "task": task,
             "task_identity": identity,
+            "protocol": {},
             "calibration": None,
             "runs": [],
+            "decisions": {},
             "plain": {},
             "verdicts": [],
+            "unused": [],
+            "notes": [],
         }
         return cls(path, data)
 
@@ -83,12 +92,16 @@ class Record:
     def runs(self) -> list[dict[str, Any]]:
         return self.data["runs"]
 
-    def find(self, key: str) -> dict[str, Any] | None:
-        return next((r for r in self.runs if r["key"] == key), None)
+    def rows(self) -> Rows:
+        return Rows(RunRow.from_dict(r) for r in self.runs)
 
-    def add(self, run: dict[str, Any]) -> None:
-        self.runs.append(run)
+    def add(self, row: RunRow) -> None:
+        self.runs.append(row.to_dict())
         self.save()
+
+    def note(self, text: str) -> None:
+        if text not in self.data["notes"]:
+            self.data["notes"].append(text)
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .verdicts import ONE_SEED_BAND, frontier
+from .budget import BUDGETS
+from .verdicts import ONE_SEED_BAND
 
 REPORT_FILE = "report.md"
 PLOT_FILE = "arena.png"
@@ -23,20 +26,20 @@ def write_report(data: Mapping[str, Any], out: str | Path) -> dict[str, Path]:
 def verdict_table(data: Mapping[str, Any]) -> list[str]:
     lines = [
         "| method | lr (x plain best) | seeds | speed-up, compute units | speed-up, time "
-        "| final eval loss − plain | verdict |",
+        "| eval loss − plain | verdict |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in data.get("verdicts", []):
         seeds = ", ".join(str(s) for s in row["seeds"])
-        units = _speedup_text(row, "speedup_units")
+        units = "same trajectory" if row.get("same_trajectory") else _speedup_text(row, "speedup_units")
         time = _speedup_text(row, "speedup_time")
         if row.get("speedup_time_within_clock_noise"):
-            time += " (within clock noise)"
+            time += " ~"
+        verdict = row["verdict"] + (f" (stopped at {row['stopped_at']:g})" if row.get("stopped_at") else "")
         factor = row.get("lr_multiplier_of_plain_best", 1.0)
         lines.append(
             f"| `{row['method']}` | x{factor:g} | {seeds} | {units} | {time} "
-            f"| {row['final_loss_delta']:+.4f} "
-            f"| **{row['verdict']}** |"
+            f"| {row['final_loss_delta']:+.4f} | **{verdict}** |"
         )
     return lines
 
@@ -44,7 +47,7 @@ def verdict_table(data: Mapping[str, Any]) -> list[str]:
 def _speedup_text(row: Mapping[str, Any], key: str) -> str:
     per_seed = row.get("per_seed") or []
     text = f"{row[key]:.2f}x"
-    kinds = {r[f"{key}_kind"] for r in per_seed}
+    kinds = {r.get(f"{key}_kind") for r in per_seed}
     if kinds == {"lower_bound"}:
         text = ">" + text
     elif kinds == {"upper_bound"}:
@@ -55,8 +58,33 @@ def _speedup_text(row: Mapping[str, Any], key: str) -> str:
     return text
 
 
+def curve_table(data: Mapping[str, Any]) -> list[str]:
+    """Each method's unit speed-up at every budget it reached (first seed), against the per-budget plain
+    frontier."""
+    rows = [v for v in data.get("verdicts", []) if v.get("curve")]
+    if not rows:
+        return []
+    head = " | ".join(f"{b:g}" for b in BUDGETS)
+    lines = [f"| method (first seed) | {head} |", "|---|" + "---|" * len(BUDGETS)]
+    for row in rows:
+        by_budget = {c["budget"]: c for c in row["curve"]}
+        cells = [
+            f"{by_budget[b]['speedup_units']:.2f}x ({by_budget[b]['loss_delta']:+.3f})"
+            if b in by_budget
+            else "–"
+            for b in BUDGETS
+        ]
+        lines.append(f"| `{row['method']}` | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _cell(point: Mapping[str, Any]) -> str:
+    mark = {"lower_bound": ">", "upper_bound": "<"}.get(point.get("speedup_units_kind"), "")
+    return f"{mark}{point['speedup_units']:.2f}x ({point['loss_delta']:+.3f})"
+
+
 def markdown(data: Mapping[str, Any]) -> str:
-    task, plain, calibration = data["task"], data.get("plain") or {}, data.get("calibration") or {}
+    task, calibration = data["task"], data.get("calibration") or {}
     units = ", ".join(f"{k} {v:.2f}" for k, v in (calibration.get("units") or {}).items())
     lines = [
         f"# hf-hybrid bench — {task.get('name')}",
@@ -65,39 +93,112 @@ def markdown(data: Mapping[str, Any]) -> str:
         f"Machine: {data['machine']}  ",
         f"Task: {_task_text(task)}",
         "",
-        "Speed-up = the plain Trainer's cost to reach the method's final eval loss (read off its frontier of "
-        "complete runs at 1/4, 1/2, 3/4 and all of the budget, at its best learning rate from the sweep) / "
-        "the method's cost; the median over seeds, with the range. Compute units are forward passes, each "
-        "kind "
-        f"of step priced by timing it on this task ({units}); time is the process's CPU time on CPU, "
-        "wall-clock on CUDA, evaluation excluded. `>` marks a lower bound (better than every frontier "
-        "point), "
-        "`<` an upper bound (worse than the cheapest).",
+        "Speed-up = the plain Trainer's cost to reach the method's eval loss, read off its frontier (at each "
+        "of 1/4, 1/2, 3/4 and all of the budget, the plain run at that budget's own tuned learning rate: a "
+        "cooldown branch of one warmup-stable-decay trunk) / the method's cost; the median over seeds, with "
+        "the range. Compute units are forward passes, each kind of step priced by timing it on this task "
+        f"({units}); time is the process's CPU time on CPU, wall-clock on CUDA, evaluation and checkpoints "
+        "excluded. `>` marks a lower bound (better than every frontier point), `<` an upper bound (worse "
+        "than the cheapest), `~` a time ratio within the clock noise.",
         "",
         *verdict_table(data),
         "",
-        _plain_text(plain),
+        *_plain_lines(data),
         "",
         "Verdict: `wins` = every seed above 1.0x and above 1 + the plain seed band (how far one seed's plain "
-        "run reads from 1.0x on another seed's frontier); `loses` = every seed below 1 − that band (with one "
-        f"seed, below {1 - ONE_SEED_BAND:g}x); `ties` otherwise — one seed cannot show a win.",
+        "run reads from 1.0x on another seed's frontier); `loses` = every seed below 1 − that band, or one "
+        f"seed below 1 − twice the band (with one seed and no band: below {1 - ONE_SEED_BAND:g}x), or stopped "
+        "at 1/2 below 1 − twice the band; `ties` otherwise — one seed cannot show a win. Other seeds run only "
+        "where they can change a verdict.",
     ]
-    notes = sorted({(r["method"], r["note"]) for r in data["runs"] if r.get("note")})
-    if notes:
-        lines += ["", "Notes from the runs:"] + [f"- `{m}`: {n}" for m, n in notes]
-    lines += [
+    curves = curve_table(data)
+    if curves:
+        lines += [
+            "",
+            "Speed-up at every budget (first seed; eval loss − plain's at that budget):",
+            "",
+            *curves,
+        ]
+    lines += _notes(data)
+    lines += _runs(data)
+    return "\n".join(lines) + "\n"
+
+
+def _plain_lines(data: Mapping[str, Any]) -> list[str]:
+    plain, decisions = data.get("plain") or {}, data.get("decisions") or {}
+    if not plain:
+        return ["The plain sweep has not finished."]
+    best = plain["best_lr_multiplier"]
+    base = decisions.get("base_learning_rate")
+    rates = ", ".join(f"{float(b):g}: x{m:g}" for b, m in best.items())
+    lines = [
+        f"Plain's best rate per budget (x the base rate {base:g}): {rates}."
+        if base
+        else f"Plain's best rate per budget: {rates}."
+    ]
+    for budget, why in (plain.get("untuned") or {}).items():
+        lines.append(f"**The judge is not tuned at {float(budget):g} of the budget**: {why}.")
+    parts = [f"final eval loss {plain['eval_loss']:.4f} (median over seeds {plain['seeds']})"]
+    if plain.get("seed_spread_eval_loss") is not None:
+        parts.append(f"seed spread {plain['seed_spread_eval_loss']:.4f}")
+    if plain.get("seed_band") is not None:
+        band = f"seed band ±{plain['seed_band']:.2f}x"
+        if plain.get("seed_band_eval_noise") is not None:
+            band += f" (eval noise alone ±{plain['seed_band_eval_noise']:.2f}x, training noise the rest)"
+        parts.append(band)
+    else:
+        parts.append("seed band unknown (one seed)")
+    if plain.get("clock_noise") is not None:
+        parts.append(f"clock noise ±{plain['clock_noise']:.1%} (plain full-budget runs: identical work)")
+    lines.append("; ".join(parts) + ".")
+    check = decisions.get("schedule_check") or {}
+    if check:
+        verdict = (
+            "the trunk was worse beyond twice the eval noise: every run fell back to separate, fully decayed "
+            "runs with the task's schedule"
+            if check["fallback"]
+            else "the trunk is not worse beyond twice the eval noise: its branches are the frontier"
+        )
+        lines.append(
+            f"Schedule check: the warmup-stable-decay trunk's full-budget eval loss {check['trunk_eval_loss']:.4f} "
+            f"against {check['own_schedule_eval_loss']:.4f} with the task's own `{check['schedule']}` schedule "
+            f"(at x{check['own_schedule_lr_multiplier']:g}, its best of three rates; paired eval noise "
+            f"±{check['paired_eval_noise']:.4f}): {verdict}."
+        )
+    return lines
+
+
+def _notes(data: Mapping[str, Any]) -> list[str]:
+    """Notes of the runs grouped by text, with how many runs said each."""
+    counts = Counter((r["method"], r["note"]) for r in data["runs"] if r.get("note"))
+    lines = []
+    if counts:
+        lines += ["", "Notes from the runs:"]
+        lines += [f"- `{m}`: {n}" + (f" ({c} runs)" if c > 1 else "") for (m, n), c in sorted(counts.items())]
+    if data.get("notes"):
+        lines += ["", "Notes from the arena:"] + [f"- {n}" for n in data["notes"]]
+    return lines
+
+
+def _runs(data: Mapping[str, Any]) -> list[str]:
+    unused = set(data.get("unused") or ())
+    lines = [
         "",
-        "Runs (final eval loss, units, seconds):",
+        "Runs (eval loss where evaluated; units and seconds from step 0):",
         "",
-        "| method | role | lr | seed | steps | eval loss | units | seconds |",
-        "|---|---|---|---|---|---|---|---|",
+        "| method | lr | seed | kind | steps | eval loss | units | seconds | |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in data["runs"]:
+        loss = "failed" if r.get("error") else "" if r["eval_loss"] is None else f"{r['eval_loss']:.4f}"
+        flag = "no longer in the plan" if r["key"] in unused else ""
+        if r.get("reused_from"):
+            flag = "reused: provably the plain run"
         lines.append(
-            f"| `{r['method']}` | {r['role']} | {r['learning_rate']:.3g} | {r['seed']} | {r['steps']} "
-            f"| {r['eval_loss']:.4f} | {r['units']:.0f} | {r['seconds']:.1f} |"
+            f"| `{r['method']}` | {r['learning_rate']:.3g} | {r['seed']} | {r['kind']} "
+            f"| {r['start']}–{r['stop']} of {r['steps']} | {loss} | {r['units']:.0f} | {r['seconds']:.1f} | {flag} |"
         )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _task_text(task: Mapping[str, Any]) -> str:
@@ -116,72 +217,130 @@ def _task_text(task: Mapping[str, Any]) -> str:
     return "; ".join(f"{k} {task[k]}" for k in keys if task.get(k) is not None)
 
 
-def _plain_text(plain: Mapping[str, Any]) -> str:
-    if not plain:
-        return "The plain sweep has not finished."
-    parts = [f"Plain best learning-rate multiplier x{plain['best_lr_multiplier']:g}"]
-    if plain.get("eval_loss") is not None:
-        parts.append(f"final eval loss {plain['eval_loss']:.4f} (median over seeds {plain['seeds']})")
-    if plain.get("seed_spread_eval_loss") is not None:
-        parts.append(f"seed spread {plain['seed_spread_eval_loss']:.4f}")
-    parts.append(
-        f"seed band ±{plain['seed_band']:.2f}x"
-        if plain.get("seed_band") is not None
-        else "seed band unknown (one seed)"
-    )
-    if plain.get("clock_noise") is not None:
-        parts.append(f"clock noise ±{plain['clock_noise']:.1%} (the sweep's runs did identical work)")
-    return "; ".join(parts) + "."
+# ---- the picture ------------------------------------------------------------------------------------
+
+
+def short_label(method: str, limit: int = 28) -> str:
+    return method if len(method) <= limit else method[: limit - 1] + "…"
 
 
 def plot(data: Mapping[str, Any], path: Path) -> Path:
-    """Eval loss against compute units (left) and time (right): the plain frontier of every seed and
-    every method's run at its chosen rate, its evaluations along the way."""
+    """Left: each method's speed-up (median and seed range) against 1.0x, the plain seed band shaded, the
+    verdict beside it. Right: eval loss against compute, each method's points at its budgets (first seed)
+    and the plain frontier of every seed."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    figure = Figure(figsize=(13, 4.8), dpi=100)
+    rows = [v for v in data.get("verdicts", []) if v["method"] != "plain"]
+    figure = Figure(figsize=(13, max(4.0, 0.45 * len(rows) + 1.8)), dpi=100)
     FigureCanvasAgg(figure)
-    axes = [figure.add_subplot(1, 2, i) for i in (1, 2)]
-    runs = data["runs"]
-    plain = data.get("plain") or {}
-    best = plain.get("best_lr_multiplier")
-    for axis, cost, label in (
-        (axes[0], "units", "compute (forward units)"),
-        (axes[1], "seconds", "training time (s)"),
-    ):
-        for seed in sorted({r["seed"] for r in runs}):
-            points = frontier(runs, seed, best) if best is not None else []
-            if points:
-                axis.plot(
-                    [p[cost] for p in points],
-                    [p["eval_loss"] for p in points],
-                    "-o",
-                    color="C0",
-                    ms=4,
-                    lw=1.5,
-                    alpha=0.9,
-                    label="plain frontier" if seed == runs[0]["seed"] else None,
-                )
-        for index, row in enumerate(data.get("verdicts", [])[1:]):
-            mine = [
-                r for r in runs if r["method"] == row["method"] and r["lr_multiplier"] == row["lr_multiplier"]
-            ]
-            for n, r in enumerate(mine):
-                xs = [p[cost] for p in r["curve"]]
-                axis.plot(
-                    xs,
-                    [p["eval_loss"] for p in r["curve"]],
-                    "--s",
-                    color=f"C{index + 1}",
-                    ms=3,
-                    lw=1,
-                    label=f"{row['method']} ({row['verdict']})" if n == 0 else None,
-                )
-        axis.set_xlabel(label)
-        axis.set_ylabel("eval loss")
-        axis.set_title(f"{data['task'].get('name')}: eval loss vs {label}")
-    axes[0].legend(fontsize=7)
+    forest, losses = figure.add_subplot(1, 2, 1), figure.add_subplot(1, 2, 2)
+    _forest(forest, rows, (data.get("plain") or {}).get("seed_band"))
+    _loss_panel(losses, data, rows)
+    figure.suptitle(
+        f"{data['task'].get('name')}: speed-up at equal eval loss against the tuned plain Trainer"
+    )
     figure.tight_layout()
     figure.savefig(path, format="png")
     return path
+
+
+def _forest(axis: Any, rows: Sequence[Mapping[str, Any]], band: float | None) -> None:
+    if band:
+        axis.axvspan(1 - band, 1 + band, color="0.9", label=f"plain seed band ±{band:.2f}")
+    axis.axvline(1.0, color="0.4", lw=1)
+    colours = {"wins": "C2", "loses": "C3", "ties": "C0"}
+    for index, row in enumerate(rows):
+        values = [r["speedup_units"] for r in row["per_seed"]]
+        y = len(rows) - index
+        colour = colours.get(row["verdict"], "C7")
+        axis.plot([min(values), max(values)], [y, y], color=colour, lw=2)
+        axis.plot([row["speedup_units"]], [y], "o", color=colour)
+        stopped = f" @{row['stopped_at']:g}" if row.get("stopped_at") else ""
+        axis.annotate(
+            f"{row['speedup_units']:.2f}x {row['verdict']}{stopped}",
+            (max(values), y),
+            xytext=(6, -3),
+            textcoords="offset points",
+            fontsize=8,
+        )
+    axis.set_yticks(range(len(rows), 0, -1), [short_label(r["method"]) for r in rows], fontsize=8)
+    axis.set_xlabel("speed-up in compute units (x plain; median, seed range)")
+    high = max([1.5, *(max(r["speedup_units"] for r in row["per_seed"]) for row in rows)])
+    axis.set_xlim(0, min(high * 1.35, 4.0))
+    if band:
+        axis.legend(fontsize=8, loc="lower right")
+
+
+def _loss_panel(axis: Any, data: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
+    runs = data["runs"]
+    plain = data.get("plain") or {}
+    best = {float(b): m for b, m in (plain.get("best_lr_multiplier") or {}).items()}
+    seeds = plain.get("seeds") or []
+    frontier_losses = []
+    for n, seed in enumerate(seeds):
+        points = [_plain_point(runs, seed, best[b], b) for b in BUDGETS if b in best]
+        points = [p for p in points if p is not None]
+        frontier_losses += [p["eval_loss"] for p in points]
+        axis.plot(
+            [p["units"] for p in points],
+            [p["eval_loss"] for p in points],
+            "-o",
+            color="k",
+            ms=4,
+            lw=1.5,
+            alpha=0.8,
+            label="plain frontier (each seed)" if n == 0 else None,
+        )
+    for index, row in enumerate(rows):
+        curve = row.get("curve") or []
+        if not curve:
+            continue
+        points = [_method_point(runs, row, c["budget"]) for c in curve]
+        points = [p for p in points if p is not None]
+        axis.plot(
+            [p["units"] for p in points],
+            [p["eval_loss"] for p in points],
+            "--s",
+            color=f"C{index % 10}",
+            ms=3,
+            lw=1,
+            label=short_label(row["method"]),
+        )
+    axis.set_xlabel("compute (forward units)")
+    axis.set_ylabel("eval loss")
+    if frontier_losses:
+        low, high = min(frontier_losses), max(frontier_losses)
+        pad = 0.25 * (high - low or abs(high) * 0.05 or 0.1)
+        axis.set_ylim(low - pad, high + pad)
+    axis.legend(fontsize=7, ncol=2)
+
+
+def _plain_point(runs: Sequence[Mapping[str, Any]], seed: int, multiplier: float, budget: float):
+    found = [
+        r
+        for r in runs
+        if r["method"] == "plain"
+        and r["seed"] == seed
+        and r["lr_multiplier"] == multiplier
+        and r["budget"] == budget
+        and r["point"]
+        and r.get("eval_loss") is not None
+        and math.isfinite(r["eval_loss"])
+        and r["kind"] != "separate"
+    ]
+    return found[0] if found else None
+
+
+def _method_point(runs: Sequence[Mapping[str, Any]], row: Mapping[str, Any], budget: float):
+    found = [
+        r
+        for r in runs
+        if r["method"] == row["method"]
+        and r["seed"] == row["seeds"][0]
+        and r["lr_multiplier"] == row["lr_multiplier"]
+        and r["budget"] == budget
+        and r["point"]
+        and r.get("eval_loss") is not None
+    ]
+    return found[0] if found else None

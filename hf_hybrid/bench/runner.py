@@ -50,16 +50,18 @@ class RunResult:
 
 
 class TrainingClock(TrainerCallback):
-    """Training time without evaluation, and the eval loss against it (with the step counts so far)."""
+    """Training time without evaluation or checkpoint saving, and the eval loss against it (with the
+    step counts so far)."""
 
     def __init__(self, method: Method | None = None) -> None:
         self.method = method
         self.cuda = torch.cuda.is_available()
         self.clock = time.perf_counter if self.cuda else time.process_time
         self.start = self.wall_start = 0.0
-        self.eval_seconds = self.eval_wall_seconds = 0.0
-        self.eval_before_step = self.eval_wall_before_step = 0.0
+        self.paused = self.paused_wall = 0.0  # evaluating and saving
+        self.paused_before_step = self.paused_wall_before_step = 0.0
         self.last_step_end = self.last_step_end_wall = 0.0
+        self.mark = self.mark_wall = 0.0  # the end of the last step or pause
         self.trainer: Trainer | None = None
         self.curve: list[dict[str, Any]] = []
         self.engine_peak_bytes = 0
@@ -72,22 +74,28 @@ class TrainingClock(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.start, self.wall_start = self._now()
         self.last_step_end, self.last_step_end_wall = self.start, self.wall_start
+        self.mark, self.mark_wall = self.start, self.wall_start
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.last_step_end, self.last_step_end_wall = self._now()
-        # evaluations finished before this step end: one that follows the last step is not training time
-        self.eval_before_step, self.eval_wall_before_step = self.eval_seconds, self.eval_wall_seconds
+        self.mark, self.mark_wall = self.last_step_end, self.last_step_end_wall
+        # pauses finished before this step end: one that follows the last step is not training time
+        self.paused_before_step, self.paused_wall_before_step = self.paused, self.paused_wall
         engine = getattr(self.trainer, "engine", None)
         if engine is not None:
             self.engine_peak_bytes = max(self.engine_peak_bytes, sum(engine.meter.peak.values()))
+
+    def _pause(self) -> None:
+        now, now_wall = self._now()
+        self.paused += now - self.mark
+        self.paused_wall += now_wall - self.mark_wall
+        self.mark, self.mark_wall = now, now_wall
 
     def on_evaluate(
         self, args: Any, state: Any, control: Any, metrics: dict | None = None, **kwargs: Any
     ) -> None:
         trained, wall = self.train_seconds(), self.wall_seconds()
-        now, now_wall = self._now()
-        self.eval_seconds += now - self.last_step_end
-        self.eval_wall_seconds += now_wall - self.last_step_end_wall
+        self._pause()
         counts = self.method.step_counts(self.trainer, state.global_step) if self.method else {}
         self.curve.append(
             {
@@ -99,11 +107,51 @@ class TrainingClock(TrainerCallback):
             }
         )
 
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._pause()
+
     def train_seconds(self) -> float:
-        return self.last_step_end - self.start - self.eval_before_step
+        return self.last_step_end - self.start - self.paused_before_step
 
     def wall_seconds(self) -> float:
-        return self.last_step_end_wall - self.wall_start - self.eval_wall_before_step
+        return self.last_step_end_wall - self.wall_start - self.paused_wall_before_step
+
+
+class LossTrace(TrainerCallback):
+    """The loss `training_step` returns, every optimizer step (the mean over its micro-batches): what
+    the spike guard's detector is replayed on, and what shows a run that went unstable."""
+
+    def __init__(self) -> None:
+        self.trainer: Trainer | None = None
+        self.losses: list[float] = []
+        self._step_losses: list[float] = []
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        trainer, original = self.trainer, self.trainer.training_step
+
+        def training_step(model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+            loss = original(model, inputs, num_items_in_batch)
+            self._step_losses.append(float(loss.detach()) * trainer.current_gradient_accumulation_steps)
+            return loss
+
+        trainer.training_step = training_step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._step_losses:
+            self.losses.append(round(sum(self._step_losses) / len(self._step_losses), 6))
+        self._step_losses = []
+
+
+class StopAt(TrainerCallback):
+    """Ends a trunk segment at `stop`, saving the checkpoint its continuation and branch resume from."""
+
+    def __init__(self, stop: int, save: bool) -> None:
+        self.stop, self.save = stop, save
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step >= self.stop:
+            control.should_training_stop = True
+            control.should_save = self.save
 
 
 class StepTimer(TrainerCallback):
@@ -197,7 +245,7 @@ def run_trial(
 
 
 @dataclass(frozen=True)
-class RunSpec:
+class PresetRun:
     """A run of a built-in task at a size: `kind` plain, hybrid (with `hybrid_overrides`) or null (the
     hybrid phases `script` replayed with nothing applied)."""
 
@@ -219,7 +267,9 @@ class RunSpec:
         return parse_method(name + (f":{options}" if options and name != "plain" else ""))
 
 
-def run(spec: RunSpec, output_dir: str | None = None, callbacks: Sequence[TrainerCallback] = ()) -> RunResult:
+def run(
+    spec: PresetRun, output_dir: str | None = None, callbacks: Sequence[TrainerCallback] = ()
+) -> RunResult:
     task = get_task(spec.task).bench_task(spec.size)
     return run_trial(
         task,

@@ -39,6 +39,7 @@ class BenchTask:
     data_collator: Any = None
     training_overrides: Mapping[str, Any] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+    recipe: dict[str, Any] | None = None  # how a worker process builds it again (`recipe.py`)
 
     def __post_init__(self) -> None:
         if self.task_type not in TASK_TYPES:

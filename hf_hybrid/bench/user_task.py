@@ -10,6 +10,7 @@ mapping is written to `labels.json` beside the results.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -124,8 +125,9 @@ def read_table(flag: str, path: str) -> tuple[Any, Any]:
         raise
 
 
-def build_user_task(options: UserTaskOptions, out: str | os.PathLike) -> BenchTask:
-    """Load and check everything, tokenize once; the model is built per seed by the returned task."""
+def build_user_task(options: UserTaskOptions, out: str | os.PathLike, write_labels: bool = True) -> BenchTask:
+    """Load and check everything, tokenize once; the model is built per seed by the returned task.
+    `labels.json` is written to `out` only by the process that owns the record (`write_labels`)."""
     from transformers import AutoTokenizer
 
     options.check()
@@ -169,7 +171,8 @@ def build_user_task(options: UserTaskOptions, out: str | os.PathLike) -> BenchTa
         num_labels = None
     else:
         names = _label_names(train_rows, options.label_column)
-        _write_labels(out, names)
+        if write_labels:
+            _write_labels(out, names)
         info.update(label_column=options.label_column, labels=names)
         train, evaluation = (
             _classification(rows, tokenizer, options, names, split)
@@ -181,6 +184,7 @@ def build_user_task(options: UserTaskOptions, out: str | os.PathLike) -> BenchTa
         num_labels = len(names)
     learning_rate = options.learning_rate or DEFAULT_LEARNING_RATE[options.peft]
     return BenchTask(
+        recipe={"user": dataclasses.asdict(options), "out": str(out)},
         name=Path(options.dataset).stem or "user_task",
         task_type=options.task,
         build_model=lambda seed: load_model(options, seed, num_labels, tokenizer),

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .phases import PhaseSchedule
+from .phases import PhaseSchedule, scripts_agree
 from .validation import ConfigError, check_bool, check_choice, check_float, check_int
 
 SNAPSHOT_DEVICES = ("same", "cpu")
@@ -102,6 +102,8 @@ class EngineConfig:
         Fields are named by `rename` (the trainer passes the `hybrid_*` argument names)."""
         now = _flat(self.fingerprint())
         before = _flat(dict(saved))
+        if scripts_agree(before.get("script"), now.get("script")):
+            before["script"] = now.get("script")
         diff = {rename(k): (before.get(k), v) for k, v in now.items() if before.get(k) != v}
         diff.update({rename(k): (v, None) for k, v in before.items() if k not in now})
         if not diff:

@@ -72,6 +72,21 @@ class PhaseSchedule:
             raise ConfigError("script", self.script, "None or a sequence of Phase values")
 
 
+def scripts_agree(saved: Any, now: Any) -> bool:
+    """Replayed phase scripts a run can resume across: they agree wherever both are defined (a replay
+    that goes on past the saved one has taken the same steps: the arena's trunk segments and branches)."""
+    if isinstance(saved, list) and isinstance(now, list):
+        common = min(len(saved), len(now))
+        return saved[:common] == now[:common]
+    return saved == now
+
+
+def same_schedule(saved: dict[str, Any], now: dict[str, Any]) -> bool:
+    """Schedule fingerprints a run can resume across: equal but for scripts that agree."""
+    saved, now = dict(saved), dict(now)
+    return scripts_agree(saved.pop("script", None), now.pop("script", None)) and saved == now
+
+
 class PhaseController:
     """Decides the phase of each optimizer step, once per step.
 
@@ -216,7 +231,7 @@ class PhaseController:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["schedule"] != self.schedule.fingerprint():
+        if not same_schedule(state["schedule"], self.schedule.fingerprint()):
             raise ValueError(
                 f"phase schedule differs: saved {state['schedule']}, configured {self.schedule.fingerprint()}"
             )

@@ -10,7 +10,7 @@ Built-ins: `plain`, `hybrid`, `hybrid-predict`, `null`, `freeze`, `selective-bac
 
 from __future__ import annotations
 
-from .base import BLIND, FORWARD, STEP, Method, MethodError, TrialContext
+from .base import BLIND, BRANCHED, CONSTANT, FORWARD, SEPARATE_RUNS, STEP, Method, MethodError, TrialContext
 from .registry import (
     NULL,
     available_methods,
@@ -23,6 +23,9 @@ from .registry import (
 
 __all__ = [
     "BLIND",
+    "BRANCHED",
+    "CONSTANT",
+    "SEPARATE_RUNS",
     "FORWARD",
     "NULL",
     "STEP",

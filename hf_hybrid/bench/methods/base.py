@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 STEP, FORWARD, BLIND = "step", "forward", "blind"
 SHARED_KINDS = (STEP, FORWARD, BLIND)
 
+# How the arena gets a method's runs at the budgets (`plan.py`):
+BRANCHED = "branched"  # one warmup-stable-decay trunk, a cooldown branch per budget (the default)
+CONSTANT = "constant"  # no decay to branch (schedule-free): each budget is the trunk stopped there
+SEPARATE_RUNS = "separate"  # its own behaviour depends on the total budget: a complete run per budget
+
 
 class MethodError(ValueError):
     """A method spec that cannot be built: the message names the method, the option and what is allowed."""
@@ -40,6 +45,7 @@ class TrialContext:
     eval_points: int = 4
     callbacks: Sequence[TrainerCallback] = ()
     replay: Sequence[str] | None = None
+    resume_from: str | None = None  # the checkpoint the run continues (a method's own state lives there too)
     extra_args: Mapping[str, Any] = field(default_factory=dict)  # e.g. no evaluation while calibrating
 
     def training_arguments(self, cls: type | None = None, **overrides: Any) -> TrainingArguments:
@@ -106,6 +112,14 @@ class Method:
     option_help: ClassVar[Mapping[str, str]] = {}
     positional: ClassVar[str | None] = None  # `freeze:3` means `freeze:k=3`
     replays_parent: ClassVar[bool] = False  # a null control that replays its parent run's phases
+    budget_schedule: ClassVar[str] = BRANCHED
+    lr_multipliers: ClassVar[tuple[float, ...]] = (1.0, 2.0)  # its rates, x the plain full-budget best
+
+    @property
+    def same_trajectory(self) -> bool:
+        """True for a method that leaves the maths alone (a compiler, a fused kernel): it trains the plain
+        run's trajectory, so it is judged in time at the plain run's rate, its units equal by construction."""
+        return False
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.options) - set(self.option_help))

@@ -7,11 +7,27 @@ import dataclasses
 import typing
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .base import BLIND, FORWARD, STEP, Method, MethodError, TrialContext
+from .base import BLIND, BRANCHED, CONSTANT, FORWARD, STEP, Method, MethodError, TrialContext
 from .registry import builtin
 
 if TYPE_CHECKING:
     from transformers import Trainer
+
+# `TrainingArguments` fields that change how a step is computed, not what it computes
+SAME_TRAJECTORY_FIELDS = frozenset(
+    {
+        "torch_compile",
+        "torch_compile_backend",
+        "torch_compile_mode",
+        "use_liger_kernel",
+        "gradient_checkpointing",
+        "dataloader_num_workers",
+        "dataloader_pin_memory",
+        "dataloader_persistent_workers",
+        "tf32",
+    }
+)
+SAME_TRAJECTORY_OPTIMIZERS = frozenset({"adamw_torch", "adamw_torch_fused"})
 
 
 @builtin
@@ -50,6 +66,23 @@ class TrainingArgumentsOverride(Method):
             if key not in names:
                 raise MethodError(f"method {self.spec!r}: {key!r} is not a TrainingArguments field")
             self.overrides[key] = _typed(self.spec, key, hints[key], text)
+        optimizer = str(self.overrides.get("optim", ""))
+        self.budget_schedule = CONSTANT if optimizer.startswith("schedule_free") else BRANCHED
+        if self.budget_schedule == CONSTANT:
+            try:
+                import schedulefree  # noqa: F401
+            except ImportError:
+                raise MethodError(
+                    f"method {self.spec!r} needs the schedulefree package: pip install schedulefree"
+                ) from None
+
+    @property
+    def same_trajectory(self) -> bool:
+        """Compilers, fused kernels, data-loading and checkpointing flags compute the plain step itself."""
+        return all(
+            key in SAME_TRAJECTORY_FIELDS or (key == "optim" and str(value) in SAME_TRAJECTORY_OPTIMIZERS)
+            for key, value in self.overrides.items()
+        )
 
     def build(self, ctx: TrialContext) -> Trainer:
         from transformers import Trainer

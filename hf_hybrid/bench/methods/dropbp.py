@@ -10,6 +10,7 @@ every block normally.
 
 from __future__ import annotations
 
+import os
 import types
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -22,6 +23,8 @@ from .registry import builtin
 if TYPE_CHECKING:
     from torch import nn
     from transformers import Trainer
+
+STATE_FILE = "dropbp_state.pt"
 
 
 @builtin
@@ -43,6 +46,8 @@ class DropBP(Method):
 
         model, train, evaluation = ctx.task.build(ctx.seed)
         dropper = BlockDropper(_blocks(model, self.spec), self.p, ctx.seed)
+        if ctx.resume_from is not None:
+            dropper.load(ctx.resume_from)
         kwargs = ctx.trainer_kwargs(model, train, evaluation)
         kwargs["callbacks"] = [*kwargs["callbacks"], dropper.callback()]
         return Trainer(args=ctx.training_arguments(), **kwargs)
@@ -78,6 +83,15 @@ class BlockDropper:
         self.dropped = mask.tolist()
         self.skipped += int(mask.sum())
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state(), "skipped": self.skipped}
+
+    def load(self, checkpoint: str) -> None:
+        """Continue the draws of the run saved in `checkpoint` (a branch is then the run it forks from)."""
+        state = torch.load(os.path.join(checkpoint, STATE_FILE), weights_only=True)
+        self.generator.set_state(state["generator"])
+        self.skipped = int(state["skipped"])
+
     def callback(self) -> Any:
         from transformers import TrainerCallback
 
@@ -86,6 +100,10 @@ class BlockDropper:
         class _Draw(TrainerCallback):
             def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
                 dropper.draw()
+
+            def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+                torch.save(dropper.state_dict(), os.path.join(folder, STATE_FILE))
 
         return _Draw()
 

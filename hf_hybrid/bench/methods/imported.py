@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .base import STEP, Method, MethodError, TrialContext
+from .base import SEPARATE_RUNS, STEP, Method, MethodError, TrialContext
 from .registry import import_object, parse_options
 
 if TYPE_CHECKING:
@@ -31,7 +31,10 @@ def imported_method(spec: str) -> Method:
 
 
 class ImportedMethod(Method):
+    """Its state is not known to survive a checkpoint, so each budget it is read at runs separately."""
+
     summary = "module.path:Name — your own Trainer subclass or TrainerCallback"
+    budget_schedule = SEPARATE_RUNS
 
     def __post_init__(self) -> None:
         from transformers import Trainer, TrainerCallback

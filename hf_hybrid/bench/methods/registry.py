@@ -113,4 +113,5 @@ def _load_builtins() -> None:
     from . import builtin as _  # noqa: F401 - registers plain, hybrid, args, ...
     from . import dropbp as _d  # noqa: F401
     from . import freeze as _f  # noqa: F401
+    from . import peft_lora as _p  # noqa: F401
     from . import selective_backprop as _s  # noqa: F401

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from .base import STEP, Method, TrialContext
+from .base import SEPARATE_RUNS, STEP, Method, TrialContext
 from .registry import builtin
 
 if TYPE_CHECKING:
@@ -25,6 +25,9 @@ RULES = ("loss", "uniform")
 
 @builtin
 class SelectiveBackprop(Method):
+    """Its selection window is a share of the whole run, so a shorter budget is a different run from the
+    first step: the arena runs each budget it reads separately."""
+
     name: ClassVar[str] = "selective-backprop"
     summary: ClassVar[str] = (
         "backward only on the higher-loss part of each batch (keep=0.5, start=0.5, end=0.9, every=2, "
@@ -37,6 +40,7 @@ class SelectiveBackprop(Method):
         "every": "select on every n-th step, >= 1",
         "rule": "loss (rank-weighted draw) or uniform (the null control)",
     }
+    budget_schedule: ClassVar[str] = SEPARATE_RUNS
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -1,0 +1,402 @@
+"""The coordinator: asks the protocol (`plan.py`) for the runs it needs, hands them to an executor, and
+writes each finished run into the record, alone and at once.
+
+A killed coordinator loses only the runs in flight: the same command plans again from the record, runs
+them again, and counts nothing twice (a row is keyed by its spec). A run that raises or whose process
+dies is tried once more; after a second failure it is recorded with its error and the protocol goes on
+(a failed point counts as diverged). A trunk checkpoint is deleted once the segment and branch that
+start from it are recorded; a checkpoint that a run needs and that is gone is made again by running its
+recorded segment again, which must reproduce the recorded losses (a note says so when it does not).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..data import DataError
+from .budget import Budgets
+from .calibration import Calibration, calibrate
+from .executors import Finished, InProcess, describe
+from .methods import NULL, Method, parse_method
+from .plan import Plan, Planner, Protocol
+from .record import Record
+from .rows import Rows, RunRow, is_point
+from .spec import RunSpec
+from .task import BenchTask
+from .verdicts import verdicts
+
+logger = logging.getLogger(__name__)
+
+ATTEMPTS = 2
+
+
+def parse_methods(specs: Sequence[str]) -> tuple[list[Method], bool]:
+    """The methods listed (plain, the judge, is always run and not listed twice), and whether their null
+    controls were asked for (`null`). Duplicate or unknown specs are refused."""
+    if len(set(specs)) != len(specs):
+        raise DataError(f"`--methods` lists a method twice: {list(specs)}")
+    with_nulls = NULL in specs
+    methods = [parse_method(spec) for spec in specs if spec not in (NULL, "plain")]
+    if with_nulls and not any(m.null_spec() for m in methods):
+        raise DataError(
+            "`null` adds the null control of the other methods listed, and none of them has one "
+            "(hybrid, hybrid-predict and selective-backprop do)"
+        )
+    return methods, with_nulls
+
+
+def budgets_of(task: BenchTask, protocol: Protocol) -> Budgets:
+    return Budgets(
+        max_steps=task.max_steps,
+        cooldown=protocol.cooldown,
+        decay=protocol.decay,
+        warmup_steps=round(task.warmup_ratio * task.max_steps),
+    )
+
+
+@dataclass
+class InFlight:
+    spec: RunSpec
+    worker: str
+    began: float
+    rebuild: bool = False
+    attempts: int = 1
+
+
+@dataclass
+class Progress:
+    """Runs done, in flight and ready, and the time left at the pace so far."""
+
+    echo: Callable[[str], None]
+    began: float = field(default_factory=time.perf_counter)
+    done: int = 0
+    steps_done: int = 0
+    steps_planned: int = 0
+
+    def line(self, finished: Finished, row: RunRow | None, flight: dict[str, InFlight], ready: int) -> str:
+        spec = finished.spec
+        what = (
+            f"[{finished.worker}] {spec.method[:36]:<36} x{spec.lr_multiplier:<5g} seed {spec.seed} "
+            f"{spec.kind} {spec.start}-{spec.stop}"
+        )
+        if row is None:
+            result = f"failed: {finished.error}"
+        elif row.eval_loss is None:
+            result = f"{row.own_seconds:6.1f} s"
+        else:
+            result = f"eval loss {row.eval_loss:.4f}  {row.units:8.0f} units  {row.own_seconds:6.1f} s"
+        running = ", ".join(
+            f"{f.worker}: {f.spec.method[:16]} {f.spec.kind} {f.spec.start}-{f.spec.stop} "
+            f"({time.perf_counter() - f.began:.0f} s)"
+            for f in flight.values()
+        )
+        left = ""
+        if self.steps_done and self.steps_planned > self.steps_done:
+            pace = (time.perf_counter() - self.began) / self.steps_done
+            left = f"; ~{_duration(pace * (self.steps_planned - self.steps_done))} left as planned"
+        return f"{what}  {result}\n    done {self.done}, in flight {len(flight)}, ready {ready}{left}" + (
+            f" | {running}" if running else ""
+        )
+
+
+class Arena:
+    """Runs the protocol for one task into one record, with one executor."""
+
+    def __init__(
+        self,
+        task: BenchTask,
+        methods: Sequence[Method],
+        with_nulls: bool,
+        protocol: Protocol,
+        record: Record,
+        executor: Any = None,
+        echo: Callable[[str], None] = print,
+    ) -> None:
+        self.task, self.protocol, self.record, self.echo = task, protocol, record, echo
+        self.methods = list(methods)
+        self.nulls = {m.spec: parse_method(m.null_spec()) for m in methods if with_nulls and m.null_spec()}
+        self.parents = {null.spec: parent for parent, null in self.nulls.items()}
+        self.budgets = budgets_of(task, protocol)
+        self.executor = executor or InProcess(task)
+        self.calibration: Calibration | None = None
+        self.out = record.path.parent
+        self.rebuilds: dict[str, int] = {}
+
+    def check(self) -> None:
+        """Everything that can be refused before a step is trained."""
+        self.budgets.check()
+        if not self.protocol.seeds or len(set(self.protocol.seeds)) != len(self.protocol.seeds):
+            raise DataError(
+                f"`--seeds` must be distinct seeds, at least one, got {list(self.protocol.seeds)}"
+            )
+        for flag, values in (
+            ("--lr_multipliers", self.protocol.lr_multipliers),
+            ("--method_lr_multipliers", self.protocol.method_lr_multipliers or (1.0,)),
+        ):
+            if not values or any(not v > 0 for v in values):
+                raise DataError(f"`{flag}` must be positive numbers, at least one, got {list(values)}")
+        if self.protocol.widen < 0:
+            raise DataError(f"`--widen` must be >= 0, got {self.protocol.widen}")
+        model = self.task.build_model(self.protocol.seeds[0])
+        for method in [*self.methods, *self.nulls.values()]:
+            method.check_model(model)
+
+    # ---- the loop --------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """The protocol to its end (`check` first: it refuses what cannot run)."""
+        self._calibrate()
+        self.record.data["protocol"] = {
+            **self.budgets.describe(),
+            "lr_multipliers": list(self.protocol.lr_multipliers),
+            "widen": self.protocol.widen,
+            "seeds": list(self.protocol.seeds),
+            "schedule": self.protocol.schedule,
+        }
+        progress = Progress(self.echo)
+        flight: dict[str, InFlight] = {}
+        failures: dict[str, int] = {}
+        self.echo(f"running on {describe(self.executor)}")
+        try:
+            while True:
+                plan = self._plan()
+                if self._reuse(plan) or self._doom(plan):
+                    continue
+                progress.steps_planned = progress.steps_done + self._steps_left(plan)
+                self._submit(plan, flight, failures)
+                if not flight:
+                    if plan.complete:
+                        break
+                    raise RuntimeError("the arena's plan is stuck: no run is ready and none is in flight")
+                for finished in self.executor.wait():
+                    self._finish(finished, flight, failures, progress, len(plan.specs))
+        finally:
+            self.executor.close()
+        self._judge()
+        shutil.rmtree(self.out / "checkpoints", ignore_errors=True)
+
+    def _planner(self, rows: Rows | None = None) -> Planner:
+        return Planner(
+            self.protocol,
+            self.budgets,
+            rows if rows is not None else self.record.rows(),
+            self.methods,
+            self.nulls,
+            self.record.data.get("decisions", {}).get("base_learning_rate") or self.task.learning_rate,
+            self.task_schedule(),
+            self.out,
+        )
+
+    def task_schedule(self) -> dict[str, Any]:
+        return {
+            "lr_scheduler_type": self.task.lr_scheduler_type,
+            "lr_scheduler_kwargs": {},
+            "warmup_steps": self.budgets.warmup_steps,
+        }
+
+    def _plan(self) -> Plan:
+        plan = self._planner().plan()
+        self.record.data["decisions"] = plan.decisions.to_dict()
+        return plan
+
+    def _reuse(self, plan: Plan) -> bool:
+        """Record the runs that provably train like a recorded one (a null of a run that predicted
+        nothing: the plain run), without training them."""
+        rows = self.record.rows()
+        for spec, twin_key in plan.reuse:
+            twin = rows.get(twin_key)
+            row = RunRow.from_dict({**twin.to_dict(), **_identity(spec), "reused_from": twin_key})
+            self.record.add(row)
+        return bool(plan.reuse)
+
+    def _doom(self, plan: Plan) -> bool:
+        """Record as failed, without training, the runs whose trunk failed before them."""
+        for spec, why in plan.doomed:
+            self.record.add(self._failed_row(spec, why))
+        return bool(plan.doomed)
+
+    def _submit(self, plan: Plan, flight: dict[str, InFlight], failures: dict[str, int]) -> None:
+        capacity = self.executor.workers - len(flight)
+        rebuilding = {s.key for s in plan.rebuild}
+        for spec in [*plan.rebuild, *plan.specs]:
+            if capacity <= 0:
+                return
+            if spec.key in flight:
+                continue
+            if spec.key not in rebuilding and spec.checkpoint and not Path(spec.checkpoint).is_dir():
+                continue  # waits for its checkpoint to be rebuilt
+            worker = self.executor.submit(spec)
+            flight[spec.key] = InFlight(spec, worker, time.perf_counter(), spec.key in rebuilding)
+            capacity -= 1
+
+    def _finish(
+        self,
+        finished: Finished,
+        flight: dict[str, InFlight],
+        failures: dict[str, int],
+        progress: Progress,
+        ready: int,
+    ) -> None:
+        spec = finished.spec
+        entry = flight.pop(spec.key)
+        row = None
+        if entry.rebuild:
+            self.rebuilds[spec.key] = self.rebuilds.get(spec.key, 0) + 1
+            if self.rebuilds[spec.key] > ATTEMPTS:
+                raise RuntimeError(
+                    f"the checkpoint of `{spec.key}` was rebuilt {ATTEMPTS} times and is gone again"
+                )
+            self._check_rebuild(finished)
+        elif finished.measured is None:
+            failures[spec.key] = failures.get(spec.key, 0) + 1
+            if failures[spec.key] < ATTEMPTS:
+                self.echo(f"  {spec.key}: failed ({finished.error}); trying once more")
+                return
+            row = self._failed_row(spec, finished.error)
+            self.record.add(row)
+            self.record.note(f"`{spec.key}` failed twice: {finished.error}")
+        else:
+            row = self._row(spec, finished)
+            self.record.add(row)
+            progress.steps_done += spec.stop - spec.start
+        progress.done += 1
+        self.echo(progress.line(finished, row, flight, ready))
+        self._clean_checkpoints()
+
+    def _row(self, spec: RunSpec, finished: Finished) -> RunRow:
+        measured = finished.measured
+        before = self._cost_before(spec)
+        units = self.calibration.price(measured.step_counts)
+        return RunRow(
+            **_identity(spec),
+            eval_loss=measured.eval_loss,
+            units=units,
+            seconds=before + measured.own_seconds,
+            own_seconds=measured.own_seconds,
+            wall_seconds=measured.wall_seconds,
+            clock=measured.clock,
+            step_counts=measured.step_counts,
+            losses=measured.losses,
+            details=measured.details,
+            note=measured.note,
+            trainable_bytes=measured.trainable_bytes,
+            engine_peak_bytes=measured.engine_peak_bytes,
+            device_peak_bytes=measured.device_peak_bytes,
+            eval_example_losses=measured.eval_example_losses,
+            attempts=1,
+        )
+
+    def _cost_before(self, spec: RunSpec) -> float:
+        """The seconds the trunk spent up to `spec`'s start (the units travel in the step counts)."""
+        if spec.start == 0:
+            return 0.0
+        planner = self._planner()
+        before = self.record.rows().get(planner.segment_before(spec).key)
+        return before.seconds if before is not None else 0.0
+
+    def _failed_row(self, spec: RunSpec, error: str | None) -> RunRow:
+        return RunRow(
+            **_identity(spec),
+            eval_loss=None,
+            units=0.0,
+            seconds=0.0,
+            own_seconds=0.0,
+            wall_seconds=0.0,
+            clock="",
+            error=error,
+            attempts=ATTEMPTS,
+        )
+
+    def _check_rebuild(self, finished: Finished) -> None:
+        recorded = self.record.rows().get(finished.spec.key)
+        if finished.measured is None:
+            self.record.note(f"rebuilding the checkpoint of `{finished.spec.key}` failed: {finished.error}")
+        elif finished.measured.losses != recorded.losses:
+            self.record.note(
+                f"`{finished.spec.key}` run again for its checkpoint did not reproduce its recorded losses: "
+                "the runs after it continue from the new one"
+            )
+
+    def _clean_checkpoints(self) -> None:
+        """Delete a trunk checkpoint once both the segment and the branch starting from it are recorded."""
+        root = self.out / "checkpoints"
+        if not root.is_dir():
+            return
+        starts: dict[tuple[str, int], int] = {}
+        for row in self.record.rows():
+            if row.spec.get("trunk_dir") and row.start > 0 and not row.failed and row.reused_from is None:
+                starts[(row.spec["trunk_dir"], row.start)] = (
+                    starts.get((row.spec["trunk_dir"], row.start), 0) + 1
+                )
+        for (trunk, step), count in starts.items():
+            folder = Path(trunk) / f"checkpoint-{step}"
+            if count >= 2 and folder.is_dir():
+                shutil.rmtree(folder, ignore_errors=True)
+
+    @staticmethod
+    def _steps_left(plan: Plan) -> int:
+        return sum(s.stop - s.start for s in plan.specs)
+
+    # ---- calibration, verdicts -------------------------------------------------------------------------
+
+    def _calibrate(self) -> None:
+        saved = self.record.data.get("calibration")
+        known = Calibration.from_dict(saved) if saved else None
+        self.echo("calibrating: timing a forward pass, a plain step and each method's own steps ...")
+        self.calibration = calibrate(
+            self.task,
+            [*self.methods, *self.nulls.values()],
+            known=known,
+            warm_steps=self.protocol.warm_steps,
+            timed_steps=self.protocol.timed_steps,
+        )
+        self.record.data["calibration"] = self.calibration.to_dict()
+        self.record.save()
+        units = ", ".join(f"{k} {v:.2f}" for k, v in self.calibration.to_dict()["units"].items())
+        self.echo(
+            f"prices in forward units (a forward pass = {self.calibration.forward_seconds * 1e3:.1f} ms): "
+            f"{units}"
+        )
+
+    def _judge(self) -> None:
+        planner = self._planner()
+        final = planner.plan()
+        plain, rows = verdicts(planner, self.parents)
+        self.record.data["decisions"] = final.decisions.to_dict()
+        self.record.data["plain"] = plain
+        self.record.data["verdicts"] = rows
+        self.record.data["unused"] = sorted(r["key"] for r in self.record.runs if r["key"] not in final.used)
+        self.record.save()
+
+
+def _identity(spec: RunSpec) -> dict[str, Any]:
+    constant = "constant" in spec.schedule.get("lr_scheduler_type", "")
+    return {
+        "key": spec.key,
+        "method": spec.method,
+        "seed": spec.seed,
+        "lr_multiplier": spec.lr_multiplier,
+        "learning_rate": spec.learning_rate,
+        "kind": spec.kind,
+        "budget": spec.budget,
+        "start": spec.start,
+        "stop": spec.stop,
+        "steps": spec.steps,
+        "point": is_point(spec.kind, spec.stop, spec.steps, constant) and spec.evaluate,
+        "replays": spec.replays,
+        "spec": spec.to_dict(),
+    }
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

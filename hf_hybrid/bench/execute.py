@@ -1,0 +1,110 @@
+"""One `RunSpec` trained and measured, in whatever process runs it (`executors.py`).
+
+The run is the method's own Trainer with the spec's schedule, resumed through `resume_from_checkpoint`
+when the spec starts at a trunk checkpoint: the HF code path, so the model, optimizer, scheduler, RNG and
+data position continue exactly (and a hybrid run's engine with them). Only the end is evaluated. Time
+excludes evaluation and checkpoint saving; the compute is the method's step counts, cumulative from step 0
+because the counters travel in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .methods import Method, TrialContext, parse_method
+from .methods.selective_backprop import per_sample_loss
+from .range_test import RangeRamp
+from .runner import LossTrace, StopAt, TrainingClock, quiet
+from .spec import RANGE_TEST, RunSpec
+from .task import BenchTask
+
+
+@dataclass
+class Measured:
+    """What a run measured, before the coordinator adds the trunk's cost up to its start."""
+
+    stop: int
+    eval_loss: float | None
+    step_counts: dict[str, int]
+    own_seconds: float
+    wall_seconds: float
+    clock: str
+    losses: list[float] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+    note: str | None = None
+    trainable_bytes: int = 0
+    engine_peak_bytes: int = 0
+    device_peak_bytes: int | None = None
+    eval_example_losses: list[float] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Measured:
+        return cls(**data)
+
+
+def run_spec(task: BenchTask, spec: RunSpec, method: Method | None = None) -> Measured:
+    """Train `spec` on `task` and measure it."""
+    method = method or parse_method(spec.method)
+    clock, trace = TrainingClock(method), LossTrace()
+    callbacks: list[Any] = [clock, trace]
+    if spec.saves:
+        callbacks.append(StopAt(spec.stop, save=True))
+    if spec.kind == RANGE_TEST:
+        callbacks.append(RangeRamp(spec.steps).callback())
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = TrialContext(
+            task=task,
+            learning_rate=spec.learning_rate,
+            seed=spec.seed,
+            steps=spec.steps,
+            output_dir=spec.trunk_dir if spec.saves else tmp,
+            callbacks=callbacks,
+            replay=spec.replay,
+            resume_from=spec.checkpoint,
+            extra_args={**spec.schedule, "eval_strategy": "no", "logging_strategy": "no"},
+        )
+        trainer = quiet(method.build(ctx))
+        clock.trainer = trace.trainer = trainer
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        trainer.train(resume_from_checkpoint=spec.checkpoint)
+        eval_loss = float(trainer.evaluate()["eval_loss"]) if spec.evaluate else None
+        examples = per_example_losses(trainer) if spec.per_example else None
+    trainable = [p for p in trainer.model.parameters() if p.requires_grad]
+    return Measured(
+        stop=trainer.state.global_step,
+        eval_loss=eval_loss,
+        step_counts=method.step_counts(trainer, trainer.state.global_step),
+        own_seconds=clock.train_seconds(),
+        wall_seconds=clock.wall_seconds(),
+        clock="wall" if clock.cuda else "cpu_time",
+        losses=trace.losses,
+        details=method.describe_run(trainer),
+        note=method.note(trainer),
+        trainable_bytes=sum(p.numel() * p.element_size() for p in trainable),
+        engine_peak_bytes=clock.engine_peak_bytes,
+        device_peak_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
+        eval_example_losses=examples,
+    )
+
+
+def per_example_losses(trainer: Any) -> list[float]:
+    """Each eval example's mean loss (a causal LM's: over its tokens), to tell eval noise from training
+    noise: two models' losses on the same examples differ by less than their means suggest."""
+    model = trainer.model
+    model.eval()
+    out: list[float] = []
+    with torch.no_grad():
+        for batch in trainer.get_eval_dataloader():
+            batch = trainer._prepare_inputs(batch)
+            logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+            out.extend(round(v, 6) for v in per_sample_loss(logits, batch["labels"]).tolist())
+    return out
