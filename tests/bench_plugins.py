@@ -29,4 +29,33 @@ class CountingCallback(TrainerCallback):
         CountingCallback.steps += 1
 
 
+class FailsLate(TrainerCallback):
+    """A method whose every run raises at its fifth step (its first few steps, which the arena times to
+    price them, go well): the arena records each failure and goes on."""
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step >= 4:
+            raise RuntimeError("this method fails at step 4")
+
+
+class FailsAtOnce(TrainerCallback):
+    """A method that raises at its first step, even while the arena times it."""
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        raise RuntimeError("this method fails at once")
+
+
+class DiesOnce(TrainerCallback):
+    """Kills its own process at its second step, once: the file `$HF_HYBRID_TEST_DIES_ONCE` says it did."""
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        import os
+        import signal
+
+        marker = os.environ["HF_HYBRID_TEST_DIES_ONCE"]
+        if state.global_step == 1 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
 NOT_A_METHOD = 3

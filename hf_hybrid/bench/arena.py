@@ -349,13 +349,19 @@ class Arena:
         saved = self.record.data.get("calibration")
         known = Calibration.from_dict(saved) if saved else None
         self.echo("calibrating: timing a forward pass, a plain step and each method's own steps ...")
+        failures: dict[str, str] = {}
         self.calibration = calibrate(
             self.task,
             [*self.methods, *self.nulls.values()],
             known=known,
             warm_steps=self.protocol.warm_steps,
             timed_steps=self.protocol.timed_steps,
+            failures=failures,
         )
+        for spec, error in failures.items():
+            self.record.note(f"`{spec}` raised while its steps were timed, so it was not run: {error}")
+            self.methods = [m for m in self.methods if m.spec != spec]
+            self.nulls = {p: n for p, n in self.nulls.items() if p != spec and n.spec != spec}
         self.record.data["calibration"] = self.calibration.to_dict()
         self.record.save()
         units = ", ".join(f"{k} {v:.2f}" for k, v in self.calibration.to_dict()["units"].items())

@@ -69,15 +69,26 @@ def calibrate(
     warm_steps: int = 2,
     timed_steps: int = 8,
     seed: int = 0,
+    failures: dict[str, str] | None = None,
 ) -> Calibration:
-    """Price the forward pass, the plain step and every method's own kinds (those not priced yet)."""
+    """Price the forward pass, the plain step and every method's own kinds (those not priced yet). A
+    method whose steps raise while being timed is left unpriced, its error in `failures` (by spec)."""
     calibration = known or Calibration(forward_seconds=_forward_seconds(task, seed, warm_steps, timed_steps))
     calibration.steps = calibration.steps or timed_steps
-    wanted = [(STEP, parse_method("plain"))]
-    wanted += [(kind, m.calibration_variant(kind)) for m in methods for kind in m.own_kinds()]
-    for kind, method in wanted:
-        if kind not in calibration.step_seconds:
-            calibration.step_seconds[kind] = _step_seconds(task, method, seed, warm_steps, timed_steps)
+    calibration.step_seconds.setdefault(
+        STEP, _step_seconds(task, parse_method("plain"), seed, warm_steps, timed_steps)
+    )
+    for method in methods:
+        for kind in method.own_kinds():
+            if kind in calibration.step_seconds:
+                continue
+            try:
+                variant = method.calibration_variant(kind)
+                calibration.step_seconds[kind] = _step_seconds(task, variant, seed, warm_steps, timed_steps)
+            except Exception as exc:  # the arena reports the method and goes on with the others
+                if failures is None:
+                    raise
+                failures[method.spec] = f"{type(exc).__name__}: {exc}"
     return calibration
 
 

@@ -143,7 +143,7 @@ def build(recipe: Recipe, blocks: list[list[int]], folder: Path) -> None:
 # ---- the fine-tune text ------------------------------------------------------------------------------
 
 
-def is_eval_topic(name: str, eval_percent: int = 10) -> bool:
+def is_eval_topic(name: str, eval_percent: int = 25) -> bool:
     return hashlib.sha256(name.encode()).digest()[0] % 100 < eval_percent
 
 

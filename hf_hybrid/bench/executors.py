@@ -162,8 +162,9 @@ class LocalPool:
         slot = next(s for s in self.slots if s.spec is None)
         slot.spec = spec
         slot.result = os.path.join(self.folder, f"{slot.name}-{time.monotonic_ns()}.json")
+        env = {**os.environ, **slot.env}  # the coordinator's environment now, and the slot's device or cores
         slot.process = self.context.Process(
-            target=_child, args=(spec.to_dict(), self.recipe, slot.result, slot.env), daemon=True
+            target=_child, args=(spec.to_dict(), self.recipe, slot.result, env), daemon=True
         )
         slot.process.start()
         return slot.name

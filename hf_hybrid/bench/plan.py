@@ -332,13 +332,7 @@ class Planner:
         if null is None:
             return
         parents = sorted(
-            (
-                r
-                for r in self.rows
-                if r.method == method.spec
-                and r.seed in seeds
-                and r.lr_multiplier == rate
-            ),
+            (r for r in self.rows if r.method == method.spec and r.seed in seeds and r.lr_multiplier == rate),
             key=lambda r: (r.seed, r.stop, r.kind),
         )
         for parent in parents:

@@ -137,6 +137,7 @@ def classification_data(size: TaskSize) -> tuple[Any, Any]:
         chars=4 * size.seq_len,
         train_per_label=size.train_examples // NUM_PACKAGES,
         eval_per_label=size.eval_examples // NUM_PACKAGES,
+        held_out=(3, 4),
     )
 
     def encode(batch: dict[str, Any]) -> dict[str, Any]:
@@ -193,12 +194,12 @@ def _decoder(size: TaskSize, seed: int, lora: bool) -> nn.Module:
 _DECODER_SIZES = {
     "tiny": TaskSize(steps=8, batch_size=4, seq_len=32, train_examples=64, eval_examples=16),
     "quick": TaskSize(steps=100, batch_size=8, seq_len=128, train_examples=1024, eval_examples=64),
-    "full": TaskSize(steps=200, batch_size=8, seq_len=128, train_examples=3200, eval_examples=128),
+    "full": TaskSize(steps=200, batch_size=8, seq_len=128, train_examples=2400, eval_examples=640),
 }
 _CLS_SIZES = {
     "tiny": TaskSize(steps=6, batch_size=4, seq_len=16, train_examples=64, eval_examples=16),
     "quick": TaskSize(steps=60, batch_size=8, seq_len=48, train_examples=1024, eval_examples=128),
-    "full": TaskSize(steps=200, batch_size=16, seq_len=64, train_examples=2048, eval_examples=256),
+    "full": TaskSize(steps=200, batch_size=16, seq_len=64, train_examples=2048, eval_examples=1200),
 }
 
 TASKS: dict[str, Task] = {
@@ -214,7 +215,7 @@ TASKS: dict[str, Task] = {
                     steps=300, batch_size=16, seq_len=128, train_examples=4096, eval_examples=64
                 ),
                 "full": TaskSize(
-                    steps=1000, batch_size=16, seq_len=128, train_examples=16384, eval_examples=128
+                    steps=1000, batch_size=16, seq_len=128, train_examples=16384, eval_examples=2048
                 ),
             },
             data=clm_data,

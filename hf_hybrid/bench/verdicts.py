@@ -40,12 +40,14 @@ def judge(
         if len(values) == 1 and values[0] < 1.0 - ONE_SEED_BAND:
             return "loses", f"one seed, {values[0]:.2f}x: below 1 - {ONE_SEED_BAND:g}"
         return "ties", f"{len(values)} seed(s) and no plain seed spread: a win needs two seeds or more"
+    if len(values) == 1:
+        if values[0] < 1.0 - 2 * band:
+            return "loses", f"one seed, {values[0]:.2f}x: below 1 - twice the band ({band:.2f})"
+        return "ties", f"one seed, {values[0]:.2f}x: a win needs every seed above 1 + the band ({band:.2f})"
     if all(v > 1.0 + band and v > 1.0 for v in values):
         return "wins", f"every seed above 1 + the band ({band:.2f})"
     if all(v < 1.0 - band for v in values):
         return "loses", f"every seed below 1 - the band ({band:.2f})"
-    if len(values) == 1 and values[0] < 1.0 - 2 * band:
-        return "loses", f"one seed, {values[0]:.2f}x: below 1 - twice the band ({band:.2f})"
     return "ties", f"within the band ({band:.2f}) on at least one seed"
 
 
