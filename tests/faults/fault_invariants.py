@@ -7,6 +7,8 @@ teardown if the test did not). Checked:
   state (moments, step counts) exactly as it was; the recovery action the step reports is the one it
   performed (rollback: counted, weights exactly back on the phase's snapshot, FULL forced; force_full:
   FULL forced, nothing rolled back; shorten_horizon: the horizon cap halved; continue: none of these);
+  with the spike guard on, a step it skipped left every trainable weight and the optimizer state exactly
+  as they were, and a restore put back exactly its trusted copy's weights and optimizer state;
 * every action other than `continue` was logged once, at its step, as that action, and nothing else was;
 * at the end: frozen weights bit-identical to their start (in the model and in every checkpoint);
   every checkpoint on disk holds only finite weights, hybrid tensors and optimizer state;
@@ -81,6 +83,7 @@ class _Watcher(TrainerCallback):
                 "cap": engine.controller.horizon_cap,
                 "snapshot": {n: t.clone() for n, t in engine.guard.snapshot.items()},
                 "params": {n: p.detach().clone() for n, p in engine.params.items()},
+                "guard": _guard_view(engine.spike_guard),
             }
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -110,6 +113,7 @@ class _Watcher(TrainerCallback):
         expected = {
             "rollback": {"rollbacks": 1, "forced_full": 1},
             "force_full": {"rollbacks": 0, "forced_full": 1},
+            "restore": {"rollbacks": 0, "forced_full": 1},
         }.get(action, {"rollbacks": 0, "forced_full": 0})
         problems = [f"{where}: {key} grew by {grew[key]}" for key in grew if grew[key] != expected[key]]
         if row["rolled_back"] != (action == "rollback"):
@@ -118,11 +122,49 @@ class _Watcher(TrainerCallback):
             snapshot = before["snapshot"] or before["params"]  # a phase opened in this step starts here
             if any(not torch.equal(snapshot[n], p) for n, p in engine.params.items()):
                 problems.append(f"{where}: the weights are not back on the phase's snapshot")
+        problems += self._guard_problems(where, engine.spike_guard, action)
         if action == "shorten_horizon":
             halved = max(engine.config.schedule.min_predict_steps, before["cap"] // 2)
             if engine.controller.horizon_cap != halved:
                 problems.append(f"{where}: horizon cap {before['cap']} -> {engine.controller.horizon_cap}")
         return problems
+
+    def _guard_problems(self, where: str, guard: Any, action: str) -> list[str]:
+        """A step the spike guard skipped changed nothing; a restore put back exactly the trusted copy."""
+        before = self.engine_before["guard"]
+        if before is None:
+            return []
+        problems = []
+        state = self.trainer.optimizer.state_dict()["state"]
+        if len(guard.skip_steps) > before["skips"]:
+            self.owner.actions_checked["spike_skip"] += 1
+            if any(not torch.equal(b, p) for b, p in zip(before["params"], guard.params, strict=True)):
+                problems.append(f"{where}: a skipped step changed the weights")
+            if not same_optimizer_state(self.before, state):
+                problems.append(f"{where}: a skipped step changed the optimizer state")
+        if action == "restore":
+            self.owner.actions_checked["spike_restore"] += 1
+            trusted = before["trusted"]
+            if any(not torch.equal(t, p) for t, p in zip(trusted["params"], guard.params, strict=True)):
+                problems.append(f"{where}: the weights are not the trusted copy's")
+            live = [self.trainer.optimizer.state.get(p, {}) for p in guard.params]
+            if not same_optimizer_state(dict(enumerate(trusted["state"])), dict(enumerate(live))):
+                problems.append(f"{where}: the optimizer state is not the trusted copy's")
+        return problems
+
+
+def _guard_view(guard: Any) -> dict[str, Any] | None:
+    """The spike guard's skips so far, the weights it guards and its trusted copy (None: it is off)."""
+    if not guard.params:
+        return None
+    return {
+        "skips": len(guard.skip_steps),
+        "params": [p.detach().clone() for p in guard.params],
+        "trusted": {
+            "params": [t.clone() for t in guard.trusted.params],
+            "state": copy.deepcopy(guard.trusted.state),
+        },
+    }
 
 
 class Invariants:
