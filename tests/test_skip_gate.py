@@ -1,4 +1,4 @@
-"""The suite's skip gate (tests/conftest.py) fails a run that skips a test tests/allowed_skips.txt does not
+"""The suite's skip gate (tests/skip_gate.py) fails a run that skips a test tests/allowed_skips.txt does not
 list, and lets a listed one pass: run on a few planted tests in a fresh pytest process."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ALLOWED_SKIPS, read_allowed_skips
+from skip_gate import ALLOWED_SKIPS, read_allowed_skips
 
 PLANTED = """
 import pytest
@@ -33,7 +33,8 @@ def test_runs():
 
 
 def _run(tmp_path: Path, allowed: str, files: dict[str, str]) -> subprocess.CompletedProcess:
-    shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path / "conftest.py")
+    for name in ("conftest.py", "skip_gate.py"):
+        shutil.copy(Path(__file__).with_name(name), tmp_path / name)
     (tmp_path / "allowed_skips.txt").write_text(allowed)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # not the project's options
     for name, text in files.items():
