@@ -94,15 +94,14 @@ def test_the_extension_api_is_exported():
     assert set(homes) <= set(hf_hybrid.__all__)
     for name, module in homes.items():
         assert getattr(hf_hybrid, name) is getattr(importlib.import_module(module), name), name
-    hf_hybrid.register_predictor("test_exported", _Unregistered)
+    exported = type("_Exported", (_Unregistered,), {"name": "test_exported"})
+    hf_hybrid.register_predictor("test_exported", exported)
     try:
         assert "test_exported" in hf_hybrid.available_predictors()
         engine = hf_hybrid.HybridEngine(
             {"w": torch.nn.Parameter(torch.zeros(3))}, hf_hybrid.EngineConfig(predictor="test_exported")
         )
-        assert isinstance(engine.predictor, _Unregistered) and isinstance(
-            engine.predictor, hf_hybrid.DeltaPredictor
-        )
+        assert type(engine.predictor) is exported and isinstance(engine.predictor, hf_hybrid.DeltaPredictor)
     finally:
         hf_hybrid.unregister_predictor("test_exported")
     assert "test_exported" not in hf_hybrid.available_predictors()

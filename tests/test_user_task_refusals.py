@@ -173,9 +173,10 @@ def test_eval_fraction_must_be_inside_zero_one(files, no_training, fraction):
         _options(files, eval_fraction=fraction).check()
 
 
-@pytest.mark.parametrize("fraction", [0.01, 0.5, 0.99])
-def test_eval_fractions_inside_zero_one_are_accepted(files, fraction):
-    _options(files, eval_fraction=fraction).check()
+@pytest.mark.parametrize(("fraction", "held_out"), [(0.05, 2), (0.5, 12), (0.75, 18)])
+def test_eval_fractions_inside_zero_one_are_accepted(files, tmp_path, fraction, held_out):
+    task = build_user_task(_options(files, eval_fraction=fraction), tmp_path)
+    assert (len(task.evaluation), len(task.train)) == (held_out, 24 - held_out)  # ceil(fraction x 24)
 
 
 @pytest.mark.parametrize("rate", [0.0, -1e-4, math.nan, -math.inf])
