@@ -187,7 +187,18 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_resumable(tmp_path
     trainer.train(resume_from_checkpoint=True)
     assert trainer.state.global_step == 30
     assert trainer.hybrid_stats()["steps"] == 30  # 10 restored from checkpoint-10, 20 trained now
-    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    # and the run it continued is the uninterrupted one, to the last digit
+    straight = hybrid_trainer(tmp_path / "straight", max_steps=30)
+    straight.train()
+    assert [r["phase"] for r in trainer.hybrid_timeline] == [r["phase"] for r in straight.hybrid_timeline]
+    assert "predict" in [r["phase"] for r in straight.hybrid_timeline[10:]]  # the engine's state mattered
+    assert (
+        step_logs(trainer, "loss") == step_logs(straight, "loss") and len(step_logs(straight, "loss")) == 30
+    )
+    expected = _params(straight)
+    for name, value in _params(trainer).items():
+        assert torch.equal(value, expected[name]), name
+    assert counters(trainer.hybrid_stats()) == counters(straight.hybrid_stats())
 
 
 def test_plain_trainer_checkpoint_resumes_into_hybrid_with_a_fresh_engine(tmp_path, caplog):

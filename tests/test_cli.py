@@ -74,7 +74,14 @@ def test_demo_tiny_prints_both_rows_and_matching_json(tmp_path, capsys):
     # plain and the guard alone again, the learning rate x30 for 3 steps at mid-run (at this size the
     # burst is no damage to undo: whether the guard restores is the default demo's to show)
     assert rows[spiked[0]]["eval_loss"] != rows["plain"]["eval_loss"]  # the burst was delivered
-    assert rows[spiked[0]]["restores"] is None and rows[spiked[1]]["restores"] >= 0
+    guard = rows[spiked[1]]
+    stats = guard["hybrid_stats"]
+    assert rows[spiked[0]]["restores"] is None and guard["restores"] == stats["restores"]
+    assert stats["spike_guard"] and stats["spike_guard_bytes"] > 0  # on, and holding its copies
+    assert _table_row(out, spiked[1])[-4] == str(stats["restores"])  # the table's restores column
+    # a guard that never acts leaves the plain run alone, bit for bit; one that acts changes it
+    acted = stats["restores"] + stats["spike_skipped_steps"] > 0
+    assert (guard["eval_loss"] != rows[spiked[0]]["eval_loss"]) is acted, stats
     assert rows[spiked[1]]["backward_skipped"] == 0  # the guard alone predicts nothing
     assert rows["hybrid"]["steps_per_phase"] == {
         "warmup": warmup, "full": full, "predict": predict, "correct": correct

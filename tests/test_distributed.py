@@ -188,7 +188,6 @@ def test_a_process_of_a_launch_that_trains_alone_is_refused(tmp_path, monkeypatc
     assert trainer.state.global_step == 0
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the processes join over NCCL")
 def test_processes_launched_without_use_cpu_on_a_cpu_machine_are_refused(tmp_path):
     """torchrun starts 2 processes, but with use_cpu=False and no GPU each one would train alone."""

@@ -10,10 +10,16 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+from helpers import counters
+from safetensors.torch import load_file
+
+from hf_hybrid.engine.phases import Phase
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -77,13 +83,14 @@ def test_run_clm_hybrid_from_a_yaml_file_then_resumes_with_flags(tmp_path):
         "max_train_samples": 256,
         "max_eval_samples": 16,
         "save_steps": 6,
+        "logging_steps": 1,  # every step's loss and phase in the log, to compare the resumed run's
         **FAST_RUN,
         **FAST_HYBRID,
     }
     arg_file = tmp_path / "args.yaml"
-    arg_file.write_text(yaml.safe_dump({**common, "max_steps": 12}))
+    arg_file.write_text(yaml.safe_dump({**common, "max_steps": 18}))
     first = run_clm.main([str(arg_file)])
-    _assert_ran_with_predict_phases(first, 12)
+    _assert_ran_with_predict_phases(first, 18)
     assert (out / "checkpoint-12" / "hybrid_state.safetensors").is_file()
     assert (out / "model.safetensors").is_file()
     eval_results = json.loads((out / "eval_results.json").read_text())
@@ -92,12 +99,28 @@ def test_run_clm_hybrid_from_a_yaml_file_then_resumes_with_flags(tmp_path):
     assert "Loss:" in (out / "README.md").read_text()  # the card carries the eval result
     assert json.loads((out / "hybrid_stats.json").read_text()) == first["hybrid"]  # finish() wrote it
 
-    # `--resume_from_checkpoint True` (a string to HfArgumentParser) continues from checkpoint-12: the
-    # engine's counters go on from there instead of starting a fresh warmup.
-    second = run_clm.main(_flags({**common, "max_steps": 18, "resume_from_checkpoint": "True"}))
+    # A run stopped after step 12 (its folder holds checkpoint-12 only), continued with flags:
+    # `--resume_from_checkpoint True` (a string to HfArgumentParser) picks that checkpoint, and the run
+    # it continues is the uninterrupted one above, to the last digit.
+    stopped = tmp_path / "stopped"
+    shutil.copytree(out / "checkpoint-12", stopped / "checkpoint-12")
+    second = run_clm.main(
+        _flags({**common, "output_dir": str(stopped), "max_steps": 18, "resume_from_checkpoint": "True"})
+    )
     assert second["hybrid"]["steps"] == 18
-    assert second["hybrid"]["steps_per_phase"]["warmup"] == first["hybrid"]["steps_per_phase"]["warmup"]
-    assert json.loads((out / "trainer_state.json").read_text())["global_step"] == 18
+    assert counters(second["hybrid"]) == counters(first["hybrid"])
+    phases = [e["hybrid/phase"] for e in _log_history(stopped) if "loss" in e]
+    assert Phase.PREDICT.index in phases[12:]  # the resumed engine predicted
+    losses = [[e["loss"] for e in _log_history(folder) if "loss" in e] for folder in (out, stopped)]
+    assert losses[0] == losses[1] and len(losses[0]) == 18
+    weights = [load_file(str(folder / "model.safetensors")) for folder in (out, stopped)]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][name], weights[1][name]) for name in weights[0])
+    resumed_eval = json.loads((stopped / "eval_results.json").read_text())
+    assert (resumed_eval["eval_loss"], resumed_eval["perplexity"]) == (
+        eval_results["eval_loss"],
+        eval_results["perplexity"],
+    )
 
 
 def test_run_classification_hybrid_reports_accuracy_before_and_after(tmp_path):

@@ -75,11 +75,36 @@ def test_a_predictor_that_is_not_a_delta_predictor_is_refused(tmp_path):
 
 
 def test_the_extension_api_is_exported():
-    names = ("DeltaPredictor", "register_predictor", "unregister_predictor", "available_predictors",
-             "HybridEngine", "EngineConfig", "PhaseSchedule", "StepRecord", "HybridOptimizer")  # fmt: skip
-    assert set(names) <= set(hf_hybrid.__all__)
-    for name in names:
-        assert getattr(hf_hybrid, name) is not None
+    """Each name is the very object the engine itself uses (docs/extending.md imports them from
+    `hf_hybrid`): a subclass of the exported `DeltaPredictor` is what the engine accepts, a predictor
+    registered through the exported function is what it finds."""
+    import importlib
+
+    homes = {
+        "DeltaPredictor": "hf_hybrid.engine.predictor",
+        "register_predictor": "hf_hybrid.engine.predictor",
+        "unregister_predictor": "hf_hybrid.engine.predictor",
+        "available_predictors": "hf_hybrid.engine.predictor",
+        "HybridEngine": "hf_hybrid.engine.engine",
+        "EngineConfig": "hf_hybrid.engine.config",
+        "PhaseSchedule": "hf_hybrid.engine.phases",
+        "StepRecord": "hf_hybrid.engine.engine",
+        "HybridOptimizer": "hf_hybrid.engine.optimizer",
+    }
+    assert set(homes) <= set(hf_hybrid.__all__)
+    for name, module in homes.items():
+        assert getattr(hf_hybrid, name) is getattr(importlib.import_module(module), name), name
+    exported = type("_Exported", (_Unregistered,), {"name": "test_exported"})
+    hf_hybrid.register_predictor("test_exported", exported)
+    try:
+        assert "test_exported" in hf_hybrid.available_predictors()
+        engine = hf_hybrid.HybridEngine(
+            {"w": torch.nn.Parameter(torch.zeros(3))}, hf_hybrid.EngineConfig(predictor="test_exported")
+        )
+        assert type(engine.predictor) is exported and isinstance(engine.predictor, hf_hybrid.DeltaPredictor)
+    finally:
+        hf_hybrid.unregister_predictor("test_exported")
+    assert "test_exported" not in hf_hybrid.available_predictors()
 
 
 class _Unregistered(hf_hybrid.DeltaPredictor):

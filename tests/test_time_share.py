@@ -13,7 +13,13 @@ from transformers import TrainerCallback
 
 
 class _StepClock(TrainerCallback):
-    """Process time of each optimizer step as the Trainer sees it (step begin to step end)."""
+    """Process time of each optimizer step as the Trainer sees it (step begin to step end).
+
+    It must be the first callback: the engine's own step clock starts in the hybrid trainer's
+    `on_step_begin` (where the phase is decided) and stops in the optimizer step, so this span holds it
+    whole only when it starts before that callback runs (it ends in `on_step_end`, after the optimizer
+    step). Appended, it would start after the engine's clock and the two spans would not nest.
+    """
 
     def __init__(self) -> None:
         self.seconds = 0.0
@@ -56,7 +62,8 @@ class _SlowMetrics(TrainerCallback):
 def test_the_share_covers_the_trainer_hooks_and_fits_the_process_time(tmp_path):
     trainer = hybrid_trainer(tmp_path, max_steps=30)  # threshold 0: awake, predict phases open
     steps, slow = _StepClock(), _SlowMetrics(trainer)
-    trainer.add_callback(steps)
+    trainer.callback_handler.callbacks.insert(0, steps)  # before the hybrid trainer's: see _StepClock
+    assert trainer.callback_handler.callbacks[0] is steps
     trainer.add_callback(slow)
     started = time.process_time()
     trainer.train()

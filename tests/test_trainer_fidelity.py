@@ -73,3 +73,25 @@ def test_plain_training_arguments_are_upcast_with_hybrid_defaults(tmp_path):
     assert trainer.args.learning_rate == 1e-4
     assert trainer.args.hybrid_enabled is True
     assert trainer.args.hybrid_warmup_steps == HybridTrainingArguments.hybrid_warmup_steps
+
+
+@pytest.mark.parametrize("adapters", [False, True], ids=["full", "lora"])
+def test_the_true_defaults_are_the_plain_trainer_past_the_warmup(tmp_path, adapters):
+    """No `hybrid_*` setting at all (the README's "the run is the plain Trainer's, bit for bit"): 160
+    steps, so the default 100-step warmup ends and the engine runs its FULL steps, scoring its predictors
+    with the default threshold; every loss, gradient norm and weight is the plain Trainer's."""
+    from helpers import common_args, lora_gpt2, tiny_data, tiny_gpt2
+
+    steps = 160
+    train, _ = tiny_data()
+    plain = plain_trainer(tmp_path / "plain", model=lora_gpt2() if adapters else tiny_gpt2(), max_steps=steps)
+    plain.train()
+    args = HybridTrainingArguments(**common_args(tmp_path / "hybrid", max_steps=steps))
+    hybrid = HybridHFTrainer(model=lora_gpt2() if adapters else tiny_gpt2(), args=args, train_dataset=train)
+    hybrid.train()
+    stats = hybrid.hybrid_stats()
+    warmup = HybridTrainingArguments.hybrid_warmup_steps
+    assert warmup < steps  # the warmup ended: the engine ran awake for the rest of the run
+    assert stats["steps_per_phase"] == {"warmup": warmup, "full": steps - warmup, "predict": 0, "correct": 0}
+    assert stats["backward_skipped"] == 0 and stats["rollbacks"] == 0 and stats["restores"] == 0
+    _assert_same_run(plain, hybrid)

@@ -113,6 +113,21 @@ def test_predict_steps_skip_backward_and_apply_exactly_the_guarded_delta(tmp_pat
     assert stats["backward_run"] == len(real)
 
 
+@pytest.mark.parametrize("check_every", [1, 0], ids=["checked", "blind"])
+def test_the_null_predictor_applies_nothing(tmp_path, check_every):
+    """The arena's null control (`null-hybrid`: the hybrid run's phases with the `null` predictor) rests
+    on this: its predict steps skip the batch, run no backward and leave every weight and the optimizer
+    state exactly as they were."""
+    trainer = hybrid_trainer(tmp_path, max_steps=50, hybrid_predictor="null", hybrid_check_every=check_every)
+    recorder = StepRecorder(trainer)
+    trainer.add_callback(recorder)
+    trainer.train()
+    predicted = [r for r in recorder.records if r["phase"] == "predict"]
+    assert len(predicted) >= 5 and trainer.hybrid_stats()["backward_skipped"] == len(predicted)
+    assert not recorder.applied and not any(r["applied"] for r in predicted)
+    assert all(r["backward"] == 0 and r["opt_unchanged"] and r["exact_delta"] for r in predicted)
+
+
 def test_a_run_goes_through_every_phase_in_order_and_counts_add_up(tmp_path):
     trainer = hybrid_trainer(tmp_path, max_steps=60, hybrid_warmup_steps=8, hybrid_full_steps=4)
     trainer.train()

@@ -273,10 +273,9 @@ def _label_names(rows: Any, column: str) -> list[str]:
     from datasets import ClassLabel
 
     feature = rows.features[column]
-    if isinstance(feature, ClassLabel):
-        return list(feature.names)
-    names = sorted({str(v) for v in rows[column]})
-    if len(names) < 2:
+    # a ClassLabel keeps its own numbering; other labels are numbered in sorted order
+    names = list(feature.names) if isinstance(feature, ClassLabel) else sorted({str(v) for v in rows[column]})
+    if len(names) < 2:  # one label would make transformers build a regression head
         raise DataError(f"`--label_column` {column!r} has {len(names)} distinct label(s); need >= 2")
     return names
 
@@ -285,16 +284,17 @@ def _classification(rows: Any, tokenizer: Any, options: UserTaskOptions, names: 
     from datasets import ClassLabel
 
     column, text = options.label_column, options.text_column
-    is_class_label = isinstance(rows.features[column], ClassLabel)
+    feature = rows.features[column]
+    # a label is read by its name: two ClassLabels may number the same names differently
+    name_of = feature.int2str if isinstance(feature, ClassLabel) else str
     index = {name: i for i, name in enumerate(names)}
-    if not is_class_label:
-        unseen = sorted({str(v) for v in rows[column]} - set(index))
-        if unseen:
-            raise DataError(f"labels {unseen} of the {split} split are not in the training labels {names}")
+    unseen = sorted({name_of(v) for v in rows[column]} - set(index))
+    if unseen:
+        raise DataError(f"labels {unseen} of the {split} split are not in the training labels {names}")
 
     def encode(batch: dict[str, list[Any]]) -> dict[str, Any]:
         encoded = tokenizer([str(t) for t in batch[text]], truncation=True, max_length=options.max_length)
-        encoded["labels"] = [int(v) if is_class_label else index[str(v)] for v in batch[column]]
+        encoded["labels"] = [index[name_of(v)] for v in batch[column]]
         return encoded
 
     return rows.map(encode, batched=True, remove_columns=rows.column_names)

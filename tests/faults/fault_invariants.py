@@ -7,11 +7,17 @@ teardown if the test did not). Checked:
   state (moments, step counts) exactly as it was; the recovery action the step reports is the one it
   performed (rollback: counted, weights exactly back on the phase's snapshot, FULL forced; force_full:
   FULL forced, nothing rolled back; shorten_horizon: the horizon cap halved; continue: none of these);
+  with the spike guard on, a step it skipped left every trainable weight and the optimizer state exactly
+  as they were, and a restore put back exactly its trusted copy's weights and optimizer state;
 * every action other than `continue` was logged once, at its step, as that action, and nothing else was;
 * at the end: frozen weights bit-identical to their start (in the model and in every checkpoint);
   every checkpoint on disk holds only finite weights, hybrid tensors and optimizer state;
-* every checkpoint resumes in a new process and trains one more step there (one subprocess per test
-  module, for all its tests' checkpoints, at module teardown).
+* every checkpoint resumes in a new process (one subprocess per test module, for all its tests'
+  checkpoints, at module teardown) exactly where the uninterrupted run was: the weights and the
+  optimizer state it loads are that run's after the checkpoint's step, bit for bit, and it trains on
+  like that run, step after step (weights, optimizer state, the engine's timeline row and counters),
+  up to the next step a fault was injected at (a new process has no fault hooks), at most
+  `MAX_COMPARED` steps; then one more step at least, which must leave every weight finite.
 """
 
 from __future__ import annotations
@@ -26,13 +32,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from harness import same_optimizer_state
+from harness import fault_steps, same_optimizer_state, step_record
 from safetensors.torch import load_file
 from transformers import Trainer, TrainerCallback
 
 from hf_hybrid.checkpoint import HYBRID_STATE_FILE
 
 LOADER = Path(__file__).parent / "load_checkpoints.py"
+MAX_COMPARED = 20  # continued steps compared per checkpoint
 
 
 def _finite_problems(tensors: dict[str, Any], where: str) -> list[str]:
@@ -76,10 +83,13 @@ class _Watcher(TrainerCallback):
                 "cap": engine.controller.horizon_cap,
                 "snapshot": {n: t.clone() for n, t in engine.guard.snapshot.items()},
                 "params": {n: p.detach().clone() for n, p in engine.params.items()},
+                "guard": _guard_view(engine.spike_guard),
             }
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         step = state.global_step
+        if getattr(self.trainer, "engine", None) is not None:
+            self.owner.records[id(self.trainer)][step] = step_record(self.trainer)
         for name, p in self.trainer.model.named_parameters():
             if p.requires_grad and not bool(torch.isfinite(p).all()):
                 self.owner.violations.append(f"step {step}: non-finite trainable weight {name}")
@@ -103,6 +113,7 @@ class _Watcher(TrainerCallback):
         expected = {
             "rollback": {"rollbacks": 1, "forced_full": 1},
             "force_full": {"rollbacks": 0, "forced_full": 1},
+            "restore": {"rollbacks": 0, "forced_full": 1},
         }.get(action, {"rollbacks": 0, "forced_full": 0})
         problems = [f"{where}: {key} grew by {grew[key]}" for key in grew if grew[key] != expected[key]]
         if row["rolled_back"] != (action == "rollback"):
@@ -111,11 +122,49 @@ class _Watcher(TrainerCallback):
             snapshot = before["snapshot"] or before["params"]  # a phase opened in this step starts here
             if any(not torch.equal(snapshot[n], p) for n, p in engine.params.items()):
                 problems.append(f"{where}: the weights are not back on the phase's snapshot")
+        problems += self._guard_problems(where, engine.spike_guard, action)
         if action == "shorten_horizon":
             halved = max(engine.config.schedule.min_predict_steps, before["cap"] // 2)
             if engine.controller.horizon_cap != halved:
                 problems.append(f"{where}: horizon cap {before['cap']} -> {engine.controller.horizon_cap}")
         return problems
+
+    def _guard_problems(self, where: str, guard: Any, action: str) -> list[str]:
+        """A step the spike guard skipped changed nothing; a restore put back exactly the trusted copy."""
+        before = self.engine_before["guard"]
+        if before is None:
+            return []
+        problems = []
+        state = self.trainer.optimizer.state_dict()["state"]
+        if len(guard.skip_steps) > before["skips"]:
+            self.owner.actions_checked["spike_skip"] += 1
+            if any(not torch.equal(b, p) for b, p in zip(before["params"], guard.params, strict=True)):
+                problems.append(f"{where}: a skipped step changed the weights")
+            if not same_optimizer_state(self.before, state):
+                problems.append(f"{where}: a skipped step changed the optimizer state")
+        if action == "restore":
+            self.owner.actions_checked["spike_restore"] += 1
+            trusted = before["trusted"]
+            if any(not torch.equal(t, p) for t, p in zip(trusted["params"], guard.params, strict=True)):
+                problems.append(f"{where}: the weights are not the trusted copy's")
+            live = [self.trainer.optimizer.state.get(p, {}) for p in guard.params]
+            if not same_optimizer_state(dict(enumerate(trusted["state"])), dict(enumerate(live))):
+                problems.append(f"{where}: the optimizer state is not the trusted copy's")
+        return problems
+
+
+def _guard_view(guard: Any) -> dict[str, Any] | None:
+    """The spike guard's skips so far, the weights it guards and its trusted copy (None: it is off)."""
+    if not guard.params:
+        return None
+    return {
+        "skips": len(guard.skip_steps),
+        "params": [p.detach().clone() for p in guard.params],
+        "trusted": {
+            "params": [t.clone() for t in guard.trusted.params],
+            "state": copy.deepcopy(guard.trusted.state),
+        },
+    }
 
 
 class Invariants:
@@ -130,9 +179,15 @@ class Invariants:
         self.performed: Counter[tuple[int, str]] = Counter()  # (step, action) of the watched steps
         self.action_log = _ActionLog()
         self.verified = False
+        self.records: dict[int, dict[int, dict[str, Any]]] = {}  # per trainer: step -> step_record
+        self.references: dict[int, Trainer] = {}  # per trainer: the uninterrupted run it continues
 
-    def watch(self, trainer: Trainer) -> Trainer:
+    def watch(self, trainer: Trainer, reference: Trainer | None = None) -> Trainer:
+        """Check `trainer`; `reference`: the uninterrupted run that `trainer` continues (and the run its
+        output folder's checkpoints come from), when not `trainer` itself."""
         self.trainers.append(trainer)
+        self.records[id(trainer)] = {}
+        self.references[id(trainer)] = reference or trainer
         self.frozen_start.append(
             {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
         )
@@ -172,7 +227,26 @@ class Invariants:
         assert not problems, "\n".join(problems[:20])
         for folder in self.checkpoints():
             if (folder / "trainer_state.json").is_file():
-                self.loader.add(self.test_id, folder, sorted(frozen_all))
+                self.loader.add(self.test_id, folder, sorted(frozen_all), **self._expected(folder))
+
+    def _expected(self, folder: Path) -> dict[str, Any]:
+        """What resuming `folder` must give: the uninterrupted run's record of the checkpoint's step and of
+        the unfaulted steps after it (empty when no watched run recorded that step)."""
+        step = int(folder.name.split("-")[-1])
+        for trainer in self.trainers:
+            reference = self.references[id(trainer)]
+            records = self.records[id(reference)]
+            if Path(trainer.args.output_dir) != folder.parent or step not in records:
+                continue
+            faulted = fault_steps(reference)
+            after: list[dict[str, Any]] = []
+            # record k is what step k (1-based) left; that step ran as 0-based step k - 1
+            while len(after) < MAX_COMPARED and step + len(after) + 1 in records:
+                if step + len(after) in faulted:
+                    break
+                after.append(records[step + len(after) + 1])
+            return {"loaded": records[step], "after": after}
+        return {"loaded": None, "after": []}
 
     @staticmethod
     def _check_folder(folder: Path, frozen: dict[str, torch.Tensor]) -> list[str]:
@@ -199,9 +273,20 @@ class CheckpointLoader:
 
     def __init__(self) -> None:
         self.jobs: list[dict[str, Any]] = []
+        self.compared: dict[str, int] = {}  # checkpoint -> continued steps compared with the reference
 
-    def add(self, test_id: str, folder: Path, frozen: list[str]) -> None:
-        self.jobs.append({"test": test_id, "checkpoint": str(folder), "frozen": frozen})
+    def add(
+        self,
+        test_id: str,
+        folder: Path,
+        frozen: list[str],
+        loaded: dict[str, Any] | None = None,
+        after: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """`loaded`/`after`: the uninterrupted run's `step_record` of the checkpoint's step and of the
+        steps after it, which the resumed run must reproduce."""
+        job = {"test": test_id, "checkpoint": str(folder), "frozen": frozen}
+        self.jobs.append({**job, "loaded": loaded, "after": after or []})
 
     def run(self, workdir: Path) -> None:
         if not self.jobs:
@@ -213,6 +298,7 @@ class CheckpointLoader:
         )
         assert proc.returncode == 0, proc.stderr[-4000:]
         results = json.loads((workdir / "jobs.result.json").read_text())
+        self.compared = {r["checkpoint"]: r["compared"] for r in results}
         failed = [f"{r['test']}: {r['checkpoint']}: {r['error']}" for r in results if r["error"]]
         assert len(results) == len(self.jobs)
         assert not failed, "checkpoints that did not resume in a new process:\n" + "\n".join(failed)

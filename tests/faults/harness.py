@@ -17,7 +17,9 @@ micro-batch, before the forward pass: every injection point above runs after it.
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import count
@@ -47,6 +49,15 @@ def fault_model(seed: int = 0) -> torch.nn.Module:
     return model
 
 
+# Every trigger aimed at a trainer, so that the invariants know which of its steps were faulted.
+_TRIGGERS: weakref.WeakKeyDictionary[Any, list[Trigger]] = weakref.WeakKeyDictionary()
+
+
+def fault_steps(trainer: Any) -> set[int]:
+    """0-based steps of `trainer` at which any fault aimed at it fired."""
+    return {step for trigger in _TRIGGERS.get(trainer, []) for step in trigger.steps}
+
+
 @dataclass
 class Firing:
     """One step at which a fault fired, with the monitor's view of the loss just before it."""
@@ -71,6 +82,9 @@ class Trigger:
     times: int = 1
     mid_phase: bool = False
     firings: list[Firing] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _TRIGGERS.setdefault(self.trainer, []).append(self)
 
     def active(self) -> bool:
         """Is this step a fault step? Idempotent within a step (hooks may ask once per tensor)."""
@@ -368,3 +382,36 @@ def assert_loss_recovered(trainer: HybridHFTrainer, firing: Firing, last: int = 
         f"loss {mean:.4f} after recovery is above the monitor's tolerance {bound:.4f} "
         f"(mean {firing.pre_loss_mean:.4f} + {sigma} x std {firing.pre_loss_std:.4f})"
     )
+
+
+# ---- one step's outcome, to compare a resumed run with the uninterrupted one ----------------------
+
+
+def _digest(items: Any) -> str:
+    digest = hashlib.sha256()
+    for name, value in items:
+        digest.update(str(name).encode())
+        if isinstance(value, torch.Tensor):
+            digest.update(str(value.dtype).encode())
+            digest.update(value.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+        else:
+            digest.update(repr(value).encode())
+    return digest.hexdigest()
+
+
+def state_digests(trainer: Any) -> dict[str, str]:
+    """SHA-256 of every weight (frozen ones too) and of the optimizer state, bit for bit."""
+    weights = sorted(trainer.model.named_parameters())
+    state = trainer.optimizer.state_dict()["state"]
+    moments = [
+        (f"{key}.{name}", value) for key in sorted(state) for name, value in sorted(state[key].items())
+    ]
+    return {"weights": _digest(weights), "optimizer": _digest(moments)}
+
+
+def step_record(trainer: Any) -> dict[str, Any]:
+    """What a step left behind: the digests, the engine's timeline row (its clock reading aside) and its
+    counters (the byte meters aside: they are re-read at their own pace, not at every step)."""
+    row = {k: v for k, v in trainer.hybrid_timeline[-1].items() if k != "seconds"}
+    stats = {k: v for k, v in trainer.engine.stats().items() if not k.endswith("_bytes")}
+    return {**state_digests(trainer), "row": row, "stats": stats}

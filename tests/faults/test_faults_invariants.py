@@ -69,13 +69,23 @@ def test_every_invariant_catches_a_planted_violation(tmp_path):
     broken = tmp_path / "broken" / "checkpoint-12"
     shutil.copytree(tmp_path / "checkpoint-12", broken)
     (broken / HYBRID_STATE_FILE).unlink()
-    loader.add("good", tmp_path / "checkpoint-12", list(FROZEN))
+    # ... and it resumes exactly where the run was: the run's own records of steps 12 and 13 are met (the
+    # sabotage touched the optimizer in predict steps only), a record that differs in one digest is not
+    records = invariants.records[id(trainer)]
+    assert trainer.hybrid_timeline[12]["phase"] != "predict"  # step 13 (0-based 12): no sabotage in it
+    good = tmp_path / "checkpoint-12"
+    loader.add("good", good, list(FROZEN), loaded=records[12], after=[records[13]])
     loader.add("broken", broken, list(FROZEN))
+    loader.add("moved", good, list(FROZEN), loaded={**records[12], "weights": "0" * 64})
+    lost = {**records[13], "optimizer": "0" * 64}
+    loader.add("lost", good, list(FROZEN), loaded=records[12], after=[lost])
     with pytest.raises(AssertionError) as caught:
         loader.run(tmp_path)
     message = str(caught.value)
     assert "broken:" in message and "hybrid_state.safetensors is missing" in message
     assert "good:" not in message
+    assert "moved:" in message and "resumed from step 12 with ['weights'] other than" in message
+    assert "lost:" in message and "resumed step 13: ['optimizer'] differ from the" in message
 
 
 def test_the_action_invariant_catches_a_log_that_disagrees(tmp_path):

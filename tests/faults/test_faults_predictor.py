@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 from harness import (
     PREDICTOR_FAULTS,
     StepWatch,
@@ -31,6 +32,7 @@ from harness import (
     timeline_after,
 )
 from helpers import EveryStep
+from transformers import TrainerCallback
 
 MIN_HISTORY = 4  # helpers.hybrid_args default: real updates needed before a predict phase
 
@@ -163,3 +165,62 @@ def test_confidently_wrong_predictor_is_rolled_back_every_time(tmp_path, invaria
     first = trigger.firings[0]
     assert_loss_recovered(trainer, first)
     assert math.isfinite(first.pre_loss_mean)
+
+
+class _PhaseEnds(TrainerCallback):
+    """For every step that ends an open predict phase with an action: (step, action, phase, weights back
+    on the phase's snapshot, weights changed by the step)."""
+
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer
+        self.ends: list[tuple[int, str, str, bool, bool]] = []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        engine = self.trainer.engine
+        self.snapshot = {n: t.clone() for n, t in engine.guard.snapshot.items()}
+        self.before = {n: p.detach().clone() for n, p in engine.params.items()}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        row, params = self.trainer.hybrid_timeline[-1], self.trainer.engine.params
+        if row["action"] != "continue" and self.snapshot:
+            back = all(torch.equal(self.snapshot[n], p) for n, p in params.items())
+            moved = any(not torch.equal(self.before[n], p) for n, p in params.items())
+            self.ends.append((state.global_step - 1, row["action"], row["phase"], back, moved))
+
+
+@pytest.mark.parametrize("check_every", [1, 0], ids=["checked", "blind"])
+def test_without_rollback_a_failed_phase_keeps_its_weights_and_trains_on(tmp_path, invariants, check_every):
+    """`hybrid_rollback=False` through the Trainer (docs/usage.md: `hybrid_rollback` rolls back a predict
+    phase whose loss regressed or diverged; off, nothing is put back): the confidently wrong predictor of
+    the test above, and not one phase is rolled back. Each failed phase ends in a forced FULL that keeps
+    the weights the phase reached (a rollback puts its snapshot back): a checked predict step that sees the
+    damage applies nothing more; a CORRECT step that sees it keeps its real update."""
+    cls = fault_predictor(confidently_wrong(-50.0))
+    trainer, trigger = faulted_trainer(
+        tmp_path,
+        invariants,
+        "predict",
+        aim={"after": 14, "times": 10**6},
+        hybrid_predictor=cls.name,
+        hybrid_check_every=check_every,
+        hybrid_max_delta=1.0,
+        hybrid_rollback=False,
+        max_steps=60,
+    )
+    cls.trigger = trigger
+    ends = _PhaseEnds(trainer)
+    trainer.add_callback(ends)
+    trainer.train()
+    invariants.verify()  # among them: each step did exactly the action it reports
+    stats, timeline = trainer.hybrid_stats(), trainer.hybrid_timeline
+    letters = "".join(row["phase"][0] for row in timeline)
+    assert trigger.firings and stats["rollbacks"] == 0 and not any(r["rolled_back"] for r in timeline)
+    failed = [end for end in ends.ends if end[1] == "force_full"]
+    assert len(failed) >= 2 and not [end for end in ends.ends if end[1] == "rollback"], (letters, ends.ends)
+    for step, _, phase, back, moved in failed:
+        assert not back, f"step {step}: the weights were put back on the phase's snapshot"
+        assert moved is (phase == "correct"), (step, phase)  # a CORRECT step's real update is kept
+        after = [r["phase"] for r in timeline[step + 1 : step + 3]]
+        assert after == ["full"] * len(after), (step, after)  # FULL forced
+    if check_every == 0:  # blind: only the CORRECT step can see the damage
+        assert all(phase == "correct" for _, _, phase, _, _ in failed)

@@ -58,7 +58,7 @@ def test_sigkill_at_a_random_step_then_resume(tmp_path, invariants, phase):
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert not (tmp_path / "result.json").exists()
     assert last_complete_checkpoint(out) == str(out / f"checkpoint-{kill_at // 10 * 10}")
-    resumed = invariants.watch(hybrid_trainer(out, max_steps=40, save_strategy="no"))
+    resumed = invariants.watch(hybrid_trainer(out, max_steps=40, save_strategy="no"), reference=straight)
     resumed.train(resume_from_checkpoint=True)
     invariants.verify()
     assert [r["phase"] for r in resumed.hybrid_timeline] == [r["phase"] for r in straight.hybrid_timeline]

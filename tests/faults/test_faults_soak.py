@@ -4,29 +4,27 @@ At each predict step, with probability 0.3 (seeded), the predictor's guess is re
 NaN, inf, a wrongly shaped tensor, an exception (each must be refused on the spot: rollback,
 predictor reset, forced FULL), or -50x the guess (confidently wrong: the phase must be rolled back or
 the loss must stay within the monitor's tolerance). The kinds come in a seeded shuffled cycle, so every
-block of five faults holds each kind once. The run must finish with finite weights, its final eval loss
-within the plain Trainer's spread over seeds, and the telemetry must count every rollback. Prints
-`N passed, N failed` (injected faults recovered / not).
+block of five faults holds each kind once. The run must finish with finite weights, the faults must
+cost its final eval loss no more than the plain Trainer's own seed noise, and the telemetry must count
+every rollback. Prints `N passed, N failed` (injected faults recovered / not).
 
-"Within the plain Trainer's spread" is read as: at most the mean + 3 sample standard deviations of the
-plain Trainer's final eval loss over the seeds (a lower loss is always fine). The hybrid settings predict
-about a fifth of the steps (a real FULL stretch of 12 steps between predict phases of at most 4): at
-the soak's first settings (3 FULL steps, ~40% of the steps predicted) the hybrid trainer was worse than
-that bound even without any fault, because this predictor does not teach the model as much as the
-batches it skips (issue 3's benchmark).
+What the eval-loss bound protects: that recovered faults leave no lasting damage. It compares the faulted
+run with the same run (same seed, same predictor) never faulted, so the hybrid trainer's own quality,
+which is the arena's to judge, is not in it; the margin is the range (max - min) of the plain Trainer's
+final eval loss over its seeds, measured in the same test: a cost smaller than that is not
+distinguishable from a change of seed. (The bound used to be "within mean + 3 std of the plain runs",
+which measured the hybrid's own deficit, not the faults', and held by 0.009.)
 
-Two sizes: the default one (in every test run: 200 steps, 3 plain seeds, checkpoints at 100 and 200) and
-the full one (`-m slow`: 600 steps, 5 plain seeds, and 3 clean hybrid runs printed for comparison).
-Measured: at the default size 7 faults, all recovered, eval loss 3.281 against a bound of 3.290 (the same
-run never faulted: 3.279, so the margin is the hybrid's own deficit at 200 steps, not the faults'); at
-the full size 22 faults, all recovered, 3.075 against 3.103.
+Two sizes: the default one (in every test run: 200 steps, 3 plain seeds, the clean twin of seed 0,
+checkpoints at 100 and 200) and the full one (`-m slow`: 600 steps, 5 plain seeds, 3 clean hybrid seeds).
+Measured at the default size: 7 faults, all recovered; eval loss faulted 3.2809, never faulted 3.2832
+(the faults cost -0.002) against a plain range of 0.028 (3.2316-3.2600).
 """
 
 from __future__ import annotations
 
 import math
 import random
-import statistics
 from dataclasses import dataclass
 
 import pytest
@@ -49,12 +47,12 @@ SOAK_ARGS = {"hybrid_full_steps": 12}
 class SoakSize:
     steps: int
     plain_seeds: tuple[int, ...]
-    clean_seeds: tuple[int, ...]  # the same faulty-predictor trainer, never faulted (printed only)
+    clean_seeds: tuple[int, ...]  # the same faulty-predictor trainer, never faulted (seed 0: the bound's)
     save_steps: int
     min_faults: int
 
 
-DEFAULT_SIZE = SoakSize(steps=200, plain_seeds=(0, 1, 2), clean_seeds=(), save_steps=100, min_faults=5)
+DEFAULT_SIZE = SoakSize(steps=200, plain_seeds=(0, 1, 2), clean_seeds=(0,), save_steps=100, min_faults=5)
 FULL_SIZE = SoakSize(
     steps=600, plain_seeds=(0, 1, 2, 3, 4), clean_seeds=(0, 1, 2), save_steps=150, min_faults=10
 )
@@ -191,8 +189,8 @@ def _soak(tmp_path, invariants, size: SoakSize) -> None:
         f"{stats['refused_updates']} refused, {stats['predictor_errors']} predictor errors, "
         f"{stats['forced_full']} forced FULL; phases {stats['steps_per_phase']}; eval loss: faulted hybrid "
         f"{hybrid_loss:.4f}, clean hybrid {[round(x, 4) for x in clean_losses]}, "
-        f"plain {[round(x, 4) for x in plain_losses]} (bound: mean + 3 std = "
-        f"{statistics.mean(plain_losses) + 3 * statistics.stdev(plain_losses):.4f})"
+        f"plain {[round(x, 4) for x in plain_losses]} (the faults' cost must be <= the plain range "
+        f"{max(plain_losses) - min(plain_losses):.4f})"
     )
     print(f"{recovered} passed, {failed} failed")
     assert len(trigger.firings) >= size.min_faults and all(counts.values())
@@ -202,5 +200,7 @@ def _soak(tmp_path, invariants, size: SoakSize) -> None:
     assert stats["predictor_errors"] == counts["wrong_shape"] + counts["raises"]
     assert stats["refused_updates"] >= sum(counts[k] for k in REFUSED)
     assert math.isfinite(hybrid_loss)
-    bound = statistics.mean(plain_losses) + 3 * statistics.stdev(plain_losses)
-    assert hybrid_loss <= bound, (hybrid_loss, plain_losses)
+    never_faulted = clean_losses[size.clean_seeds.index(0)]  # the faulted run's seed
+    noise = max(plain_losses) - min(plain_losses)
+    assert noise > 0, plain_losses  # distinct seeds gave distinct runs: the margin is a measurement
+    assert hybrid_loss - never_faulted <= noise, (hybrid_loss, never_faulted, plain_losses)

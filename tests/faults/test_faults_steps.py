@@ -29,6 +29,7 @@ from harness import (
     scale_lr,
     timeline_after,
 )
+from helpers import hybrid_trainer
 
 from hf_hybrid.engine.divergence import DivergenceLevel
 
@@ -146,3 +147,31 @@ def test_learning_rate_set_absurdly_high(tmp_path, invariants, phase):
     assert trainer.hybrid_stats()["forced_full"] >= 1
     assert {r["phase"] for r in timeline[hit + 1 : hit + 6]} <= {"warmup", "full"}  # no predicted step
     assert all(math.isfinite(r["loss"]) for r in timeline if r["loss"] is not None)
+
+
+@pytest.mark.parametrize(("fault", "steps"), [("garbage", 2), ("lr_burst", 3)])
+def test_the_spike_guard_skips_and_restores_exactly(tmp_path, invariants, fault, steps):
+    """With the spike guard on, the fault bench's faults at mid-run (`hf_hybrid.bench.faults`): garbage
+    batches are skipped as bad batches, an lr x30 burst is restored. The invariants check each such step:
+    a skipped step left every trainable weight and the optimizer state bit-identical, a restore put back
+    exactly the trusted copy's weights and optimizer state (the same batches and seed as the Trainer-level
+    spike-guard tests)."""
+    from hf_hybrid.bench.faults import FaultWindow, inject
+
+    trainer = invariants.watch(
+        hybrid_trainer(
+            tmp_path,
+            max_steps=80,
+            hybrid_confidence_threshold=1.0,
+            hybrid_spike_guard="on",
+            hybrid_guard_every=5,
+        )
+    )
+    inject(trainer, FaultWindow(fault, 50, steps), seed=0)
+    trainer.train()
+    invariants.verify()
+    stats = trainer.hybrid_stats()
+    if fault == "garbage":
+        assert stats["skips"] == steps and invariants.actions_checked["spike_skip"] == steps, stats
+    else:
+        assert stats["restores"] >= 1 and invariants.actions_checked["spike_restore"] == stats["restores"]
