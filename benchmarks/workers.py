@@ -41,7 +41,15 @@ def main() -> None:
     seconds_one = arena(one, 1)
     record_one = json.loads((one / "clm_stdlib" / "results.json").read_text())
     (two / "clm_stdlib").mkdir(parents=True)
-    empty = {**record_one, "runs": [], "decisions": {}, "plain": {}, "verdicts": [], "unused": [], "notes": []}
+    empty = {
+        **record_one,
+        "runs": [],
+        "decisions": {},
+        "plain": {},
+        "verdicts": [],
+        "unused": [],
+        "notes": [],
+    }
     (two / "clm_stdlib" / "results.json").write_text(json.dumps(empty))
     seconds_two = arena(two, 2)
     record_two = json.loads((two / "clm_stdlib" / "results.json").read_text())
@@ -62,7 +70,9 @@ def main() -> None:
     shutil.rmtree(out / "runs", ignore_errors=True)
     print("| workers | wall seconds | runs | eval losses equal |\n|---|---|---|---|")
     print(f"| 1 | {seconds_one:.0f} | {result['runs']} | |")
-    print(f"| 2 | {seconds_two:.0f} ({result['ratio']:.2f}x of one) | {len(losses_two)} | {losses_one == losses_two} |")
+    print(
+        f"| 2 | {seconds_two:.0f} ({result['ratio']:.2f}x of one) | {len(losses_two)} | {losses_one == losses_two} |"
+    )
 
 
 if __name__ == "__main__":

@@ -135,10 +135,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "the verdict ignores the plain runs' seed band",
         "hf_hybrid/bench/verdicts.py",
         (
-            ("if all(v > 1.0 + band for v in values):", "if all(v > 1.0 for v in values):"),
+            ("if all(v > 1.0 + band and v > 1.0 for v in values):", "if all(v > 1.0 for v in values):"),
             ("if all(v < 1.0 - band for v in values):", "if all(v < 1.0 for v in values):"),
         ),
-        ("tests/test_frontier_arithmetic.py",),
+        ("tests/test_frontier_arithmetic.py", "tests/bench/test_verdicts.py"),
     ),
     Mutant(
         "h",

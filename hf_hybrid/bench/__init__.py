@@ -69,6 +69,8 @@ def quiet_libraries() -> None:
     from transformers.utils import logging as hf_logging
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    # torch.compile's workers are other processes, whose CPU time a run's clock would not see
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()  # "Loading weights" bars at every run's from_pretrained
     logging.getLogger("hf_hybrid").setLevel(logging.ERROR)

@@ -11,8 +11,8 @@ import pytest
 from hf_hybrid.bench import Protocol, run_arena
 from hf_hybrid.bench.arena import Arena, parse_methods
 from hf_hybrid.bench.executors import InProcess
-from hf_hybrid.bench.record import Record
 from hf_hybrid.bench.recipe import build_task, preset_recipe
+from hf_hybrid.bench.record import Record
 from hf_hybrid.data import DataError
 
 HYBRID = (

@@ -8,7 +8,6 @@ import torch
 
 from hf_hybrid.bench.methods import Method, MethodError, parse_method, register_method, unregister_method
 
-
 # ---- methods ---------------------------------------------------------------------------------------
 
 

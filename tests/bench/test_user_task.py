@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from hf_hybrid.bench import BenchTask, Protocol, run_arena
 from hf_hybrid.bench.methods import MethodError, parse_method
