@@ -251,6 +251,10 @@ class Planner:
 
     def _method(self, method: Method) -> None:
         record: dict[str, Any] = self.decisions.methods.setdefault(method.spec, {})
+        reason = method.provably_plain(self.budgets.max_steps)
+        if reason is not None:
+            self._provably_plain(method, reason, record)
+            return
         if method.same_trajectory:
             self._same_trajectory(method, record)
             return
@@ -317,6 +321,18 @@ class Planner:
         seeds = list(self.protocol.seeds[1:])
         self._need([self.full_run_spec(method.spec, s, chosen) for s in seeds])
         self._null(method, chosen, seeds)
+
+    def _provably_plain(self, method: Method, reason: str, record: dict[str, Any]) -> None:
+        """A method that trains exactly like plain here: its points are plain's at the full budget's
+        rate, reused, never run (nor its null's)."""
+        rate = self.decisions.best[1.0]
+        record.update(lr_multiplier=rate, provably_plain=reason)
+        for budget in method_budgets(method, self.decisions.mode):
+            spec = self.point_spec(method.spec, self.first, rate, budget)
+            twin = self.point("plain", self.first, rate, budget)
+            if self._row(spec) is None and twin is not None:
+                self.reuse.setdefault(spec.key, (spec, twin.key))
+        self._null(method, rate, [self.first])
 
     def _same_trajectory(self, method: Method, record: dict[str, Any]) -> None:
         """One full run per seed at the plain full-budget rate, read against plain's time."""
@@ -536,7 +552,9 @@ class Planner:
         row = self.rows.get(spec.key)
         if row is not None and row.key not in self.used:
             self.used.add(row.key)
-            if spec.start > 0 and not (spec.replays is not None and self.rows.get(spec.replays) is None):
+            if row.reused_from is not None:  # it stands on the run it reuses
+                self.used.add(row.reused_from)
+            elif spec.start > 0 and not (spec.replays is not None and self.rows.get(spec.replays) is None):
                 self._row(self.segment_before(spec))  # what a recorded point stands on is used too
         return row
 

@@ -111,6 +111,7 @@ def markdown(data: Mapping[str, Any]) -> str:
         "at 1/2 below 1 − twice the band; `ties` otherwise — one seed cannot show a win. Other seeds run only "
         "where they can change a verdict.",
     ]
+    lines += ["", *recommendation(data)]
     curves = curve_table(data)
     if curves:
         lines += [
@@ -122,6 +123,120 @@ def markdown(data: Mapping[str, Any]) -> str:
     lines += _notes(data)
     lines += _runs(data)
     return "\n".join(lines) + "\n"
+
+
+def recommendation(data: Mapping[str, Any]) -> list[str]:
+    """What to do next, in words and code: the winner (or plain) at its rate, the command that turns a
+    one-seed tie into a verdict, and what the tuned rate alone buys over the base rate."""
+    verdicts = [v for v in data.get("verdicts", []) if v["method"] != "plain"]
+    plain = data.get("plain") or {}
+    if not plain:
+        return []
+    base = (data.get("decisions") or {}).get("base_learning_rate") or data["task"].get("learning_rate")
+    steps = data["task"].get("max_steps")
+    protocol = data.get("protocol") or {}
+    winners = sorted(
+        (v for v in verdicts if v["verdict"] == "wins" and not v.get("null_control_of")),
+        key=lambda v: -v["speedup_units"],
+    )
+    lines = ["## What to do next", ""]
+    if winners:
+        best = winners[0]
+        rate = base * best["lr_multiplier"]
+        lines.append(
+            f"`{best['method']}` wins: {best['speedup_units']:.2f}x in compute units over the tuned plain "
+            f"Trainer, on every seed run. Train with it at learning rate {rate:.3g}:"
+        )
+        lines += ["", "```python", *_arguments(best["method"], rate, steps, protocol), "```"]
+    else:
+        rate = base * plain["best_lr_multiplier"]["1.0"]
+        lines.append(
+            f"No method wins here: keep the plain Trainer, at its tuned learning rate {rate:.3g} for "
+            f"{steps} steps:"
+        )
+        lines += ["", "```python", *_arguments("plain", rate, steps, protocol), "```"]
+    contenders = [
+        v["method"]
+        for v in verdicts
+        if len(v["seeds"]) == 1
+        and v["verdict"] == "ties"
+        and v["speedup_units"] > 1.0
+        and not v.get("stopped_at")
+    ]
+    if contenders and len(plain.get("seeds") or []) < 2:
+        lines += [
+            "",
+            "One seed cannot show a win. To turn the ties above 1.0x into verdicts:",
+            "",
+            f"    {data['command']} --seeds 0 1 2 --methods plain {' '.join(contenders)}",
+        ]
+    gain = _tuning_gain(data, base)
+    if gain:
+        lines += ["", gain]
+    return lines
+
+
+def _arguments(method: str, rate: float, steps: Any, protocol: Mapping[str, Any]) -> list[str]:
+    """The arguments of a run like the arena's: its schedule, its rate and the method's own settings."""
+    decay = protocol.get("cooldown_fraction", 0.2)
+    schedule = (
+        f'lr_scheduler_type="warmup_stable_decay", lr_scheduler_kwargs={{"num_decay_steps": '
+        f'{round(decay * (steps or 0))}, "decay_type": "{protocol.get("decay_shape", "1-sqrt")}"}}'
+    )
+    name, _, options = method.partition(":")
+    fields = [f"learning_rate={rate:.3g}", f"max_steps={steps}", schedule]
+    if name == "args":
+        fields += [
+            f"{k}={v!r}" if not v.replace(".", "").isdigit() else f"{k}={v}" for k, v in _pairs(options)
+        ]
+    if name in ("hybrid", "hybrid-predict"):
+        overrides = [f"{k if k.startswith('hybrid_') else 'hybrid_' + k}={v}" for k, v in _pairs(options)]
+        preset = "" if name == "hybrid" else "  # hybrid-predict: see `hf-hybrid bench --list_methods`"
+        return [f'args = HybridTrainingArguments(output_dir="out", {", ".join(fields + overrides)}){preset}']
+    lines = [f'args = TrainingArguments(output_dir="out", {", ".join(fields)})']
+    if name == "freeze":
+        lines.append(
+            f"hf_hybrid.bench.methods.freeze.freeze_bottom(model, {options})  # embeddings + {options} blocks"
+        )
+    if name == "peft":
+        lines.append("model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16))")
+    return lines
+
+
+def _pairs(options: str) -> list[tuple[str, str]]:
+    return [tuple(item.split("=", 1)) for item in options.split(",") if "=" in item]
+
+
+def _tuning_gain(data: Mapping[str, Any], base: float) -> str | None:
+    """How much cheaper the tuned plain run reaches the base rate's loss (x1, at its longest budget)."""
+    from .frontier import speedup
+
+    plain = data.get("plain") or {}
+    best = {float(b): m for b, m in (plain.get("best_lr_multiplier") or {}).items()}
+    points = [_plain_point(data["runs"], 0, best[b], b) for b in BUDGETS if b in best]
+    points = [p for p in points if p is not None]
+    mine = [
+        r
+        for r in data["runs"]
+        if r["method"] == "plain"
+        and r["seed"] == 0
+        and r["lr_multiplier"] == 1.0
+        and r["point"]
+        and r.get("eval_loss") is not None
+        and math.isfinite(r["eval_loss"])
+        and r["kind"] != "separate"
+    ]
+    if not mine or len(points) < 2 or best.get(1.0) == 1.0:
+        return None
+    longest = max(mine, key=lambda r: r["budget"])
+    reading = speedup([(p["units"], p["eval_loss"]) for p in points], longest["eval_loss"], longest["units"])
+    if reading.ratio <= 0:
+        return None
+    return (
+        f"The tuned rate alone: the base rate {base:.3g} reached eval loss {longest['eval_loss']:.4f} at "
+        f"{longest['budget']:g} of the budget; the tuned plain frontier reaches it {1 / reading.ratio:.2f}x "
+        "cheaper (compute units)."
+    )
 
 
 def _plain_lines(data: Mapping[str, Any]) -> list[str]:

@@ -170,6 +170,8 @@ def _verdict(planner: Planner, method: Any, parent: str | None, band: float | No
         return None
     else:
         verdict, reason = judge(per_seed, band)
+    if chosen.get("provably_plain"):
+        verdict, reason = "ties", f"the plain runs, reused: {chosen['provably_plain']}"
     if d.untuned:
         reason += "; the judge is not tuned at " + ", ".join(f"{b:g}" for b in d.untuned)
     times = [r["speedup_time"] for r in per_seed]

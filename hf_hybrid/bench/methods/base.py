@@ -152,6 +152,11 @@ class Method:
     def null_spec(self) -> str | None:
         return None
 
+    def provably_plain(self, max_steps: int) -> str | None:
+        """Why every run of this method within `max_steps` trains exactly like the plain Trainer (its
+        runs are then the plain runs, reused), or None."""
+        return None
+
     def describe_run(self, trainer: Trainer) -> dict[str, Any]:
         """Extra facts about a finished run for the record (JSON-able), e.g. what a hybrid run did."""
         return {}

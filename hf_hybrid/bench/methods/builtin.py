@@ -125,13 +125,29 @@ class Hybrid(Method):
         from ...trainer import HybridHFTrainer
 
         model, train, evaluation = ctx.task.build(ctx.seed)
-        args = ctx.training_arguments(HybridTrainingArguments, **self.overrides)
+        args = ctx.training_arguments(HybridTrainingArguments, **self.settings(ctx.task.max_steps))
         return HybridHFTrainer(
             args=args, **self._extra(args, ctx), **ctx.trainer_kwargs(model, train, evaluation)
         )
 
     def _extra(self, args: Any, ctx: TrialContext) -> dict[str, Any]:
         return {}
+
+    def settings(self, max_steps: int) -> dict[str, Any]:
+        """The `hybrid_*` arguments of a run of a task whose full budget is `max_steps` (the same for
+        its trunk and every branch, so that a branch continues the trunk's engine)."""
+        return dict(self.overrides)
+
+    def provably_plain(self, max_steps: int) -> str | None:
+        from ...args import HybridTrainingArguments
+
+        settings = self.settings(max_steps)
+        if not settings.get("hybrid_enabled", True):
+            return "hybrid_enabled=False: the plain Trainer"
+        warmup = settings.get("hybrid_warmup_steps", HybridTrainingArguments.hybrid_warmup_steps)
+        if self.replays_parent or warmup < max_steps:
+            return None
+        return f"its warmup ({warmup} steps) covers the whole budget ({max_steps} steps): plain steps only"
 
     def step_counts(self, trainer: Trainer, steps: int) -> dict[str, int]:
         engine = getattr(trainer, "engine", None)
@@ -191,6 +207,22 @@ class HybridPredict(Hybrid):
         "hybrid_max_predict_steps": "8",
         "hybrid_use_bandit": "false",
     }
+
+    def settings(self, max_steps: int) -> dict[str, Any]:
+        """The preset's phases, shortened for a budget under 200 steps so that it still predicts: warmup a
+        quarter of the budget, full phases and horizons a twentieth, the history a predictor needs a
+        twenty-fifth (at least 2); options given win."""
+        settings = dict(self.overrides)
+        given = {_hybrid_field(k) for k in self.options}
+        scaled = {
+            "hybrid_warmup_steps": min(50, max(1, max_steps // 4)),
+            "hybrid_full_steps": min(10, max(1, max_steps // 20)),
+            "hybrid_max_predict_steps": min(8, max(2, max_steps // 20)),
+            "hybrid_min_history": min(8, max(2, max_steps // 25)),
+        }
+        scaled["hybrid_min_predict_steps"] = min(2, scaled["hybrid_max_predict_steps"])
+        settings.update({k: v for k, v in scaled.items() if k not in given})
+        return settings
 
 
 @builtin
