@@ -84,7 +84,8 @@ class Loop:
                 group["lr"] = lr
             if keep:
                 self.before[step] = self.snapshot()
-            outcome = self.engine.finish_step(StepRecord(float(loss.detach()), grad_norm, lr), self.optimizer.step)
+            record = StepRecord(float(loss.detach()), grad_norm, lr)
+            outcome = self.engine.finish_step(record, self.optimizer.step)
             if keep:
                 self.after[step] = self.snapshot()
             self.actions[step] = outcome.action
@@ -114,7 +115,7 @@ def test_a_clean_run_is_the_plain_loop_bit_for_bit() -> None:
     stats = guarded.engine.stats()
     assert stats["restores"] == 0 and stats["skips"] == 0 and stats["skipped_updates"] == 0
     assert set(guarded.actions.values()) == {RecoveryAction.CONTINUE}
-    assert all(torch.equal(a, b) for a, b in zip(plain.model.parameters(), guarded.model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(plain.model.parameters(), guarded.model.parameters(), strict=True))
     # it holds two copies of the weights and Adam's two moments (and the step counters)
     weights = sum(p.numel() * 4 for p in plain.model.parameters())
     assert 3 * weights <= stats["spike_guard_bytes"] // 2 <= 3 * weights + 64
@@ -239,7 +240,7 @@ def test_a_resumed_engine_decides_what_the_uninterrupted_one_does() -> None:
     resumed.batches = list(whole.batches[:60])
     resumed.run(range(61, STEPS + 1), burst=range(70, 73))
     assert whole.engine.stats()["restore_steps"] == resumed.engine.stats()["restore_steps"] != []
-    assert all(torch.equal(a, b) for a, b in zip(whole.model.parameters(), resumed.model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(whole.model.parameters(), resumed.model.parameters(), strict=True))
 
 
 @pytest.mark.parametrize(
