@@ -115,7 +115,9 @@ def test_a_clean_run_is_the_plain_loop_bit_for_bit() -> None:
     stats = guarded.engine.stats()
     assert stats["restores"] == 0 and stats["skips"] == 0 and stats["skipped_updates"] == 0
     assert set(guarded.actions.values()) == {RecoveryAction.CONTINUE}
-    assert all(torch.equal(a, b) for a, b in zip(plain.model.parameters(), guarded.model.parameters(), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(plain.model.parameters(), guarded.model.parameters(), strict=True)
+    )
     # it holds two copies of the weights and Adam's two moments (and the step counters)
     weights = sum(p.numel() * 4 for p in plain.model.parameters())
     assert 3 * weights <= stats["spike_guard_bytes"] // 2 <= 3 * weights + 64
@@ -240,7 +242,9 @@ def test_a_resumed_engine_decides_what_the_uninterrupted_one_does() -> None:
     resumed.batches = list(whole.batches[:60])
     resumed.run(range(61, STEPS + 1), burst=range(70, 73))
     assert whole.engine.stats()["restore_steps"] == resumed.engine.stats()["restore_steps"] != []
-    assert all(torch.equal(a, b) for a, b in zip(whole.model.parameters(), resumed.model.parameters(), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(whole.model.parameters(), resumed.model.parameters(), strict=True)
+    )
 
 
 @pytest.mark.parametrize(
