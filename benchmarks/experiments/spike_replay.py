@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import types
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from hf_hybrid.bench.faults import FAULTS, Faulted, fault_window
 from hf_hybrid.bench.methods import parse_method
 from hf_hybrid.bench.runner import run_trial
 from hf_hybrid.bench.tasks import get_task
-from hf_hybrid.engine.spike_guard import SpikeDetector, SpikeGuardConfig
+from hf_hybrid.engine.spike_guard import DATA, WEIGHTS, SpikeDetector, SpikeGuard, SpikeGuardConfig
 
 # (task, size, seeds of the clean traces, seeds of the faulted ones), at the task's default rate
 TRACES = (
@@ -41,11 +42,11 @@ ARENA_SEEDS = (0, 1, 2)
 ARENA_RECORDS = Path("benchmarks/results/arena")
 ARENA_EVAL_POINTS = 4
 SETTINGS = {  # name: SpikeGuardConfig fields
-    "defaults (z 6, rise 0.5, 0.2 after a spike)": {},
-    "rise 0.2 (the first rule)": {"min_rise": 0.2},
-    "rise 0.5 always": {"min_rise_after_spike": 0.5},
-    "z 8, rise 0.2": {"max_z": 8.0, "min_rise": 0.2},
-    "z 10, rise 0.5": {"max_z": 10.0},
+    "patience 1 (restore at once)": {"patience": 1},
+    "patience 2": {"patience": 2},
+    "patience 4 (the default)": {},
+    "patience 6": {"patience": 6},
+    "patience 4, rise 0.2": {"min_rise": 0.2},
 }
 
 
@@ -118,38 +119,88 @@ def trace_key(trace: dict[str, Any]) -> tuple[str, str, str, int, float]:
     return trace["task"], trace["size"], trace["fault"], trace["seed"], trace.get("lr_multiplier", 1.0)
 
 
-def replay(losses: list[float], fields: dict[str, Any]) -> list[int]:
-    """The 0-based steps at which the detector fires (a firing step stays out of its window, and the
-    next step is judged as one after a spike, as the guard does after a skipped batch)."""
-    detector = SpikeDetector(SpikeGuardConfig(**fields))
+def detector_fires(trace: dict[str, Any]) -> list[int]:
+    """The 1-based steps at which the detector alone fires (a firing step stays out of its window)."""
+    detector = SpikeDetector(SpikeGuardConfig())
     fired: list[int] = []
-    for step, loss in enumerate(losses):
-        if detector.spike(loss, None, after_spike=bool(fired) and fired[-1] == step - 1) is not None:
+    for step, (loss, grad_norm) in enumerate(_steps(trace), start=1):
+        if detector.spike(loss, grad_norm, after_spike=bool(fired) and fired[-1] == step - 1) is not None:
             fired.append(step)
             continue
-        detector.add(loss, None)
+        detector.add(loss, grad_norm, step)
     return fired
 
 
+def replay_guard(trace: dict[str, Any], fields: dict[str, Any], blamed: str) -> str:
+    """The shipped `SpikeGuard` over a trace, step by step as the engine drives it, with its second
+    measurement of the suspect batches standing for what it finds when `blamed` is to blame (`data`:
+    the batches are as bad at the trusted weights; `weights`: they are at the recent level there).
+    Returns the skips and the first restore (1-based steps); the trace after a restore is not what the
+    guarded run would have seen, so the replay stops there."""
+    param = torch.nn.Parameter(torch.zeros(1))
+    guard: SpikeGuard
+    measured: dict[str, float] = {}
+
+    def suspect_loss(steps: int) -> float:
+        return measured["data"] if blamed == DATA else measured["weights"]
+
+    guard = SpikeGuard(
+        torch.optim.SGD([param], lr=0.1), SpikeGuardConfig(**fields), suspect_loss=suspect_loss
+    )
+    skips: list[int] = []
+    for step, (loss, grad_norm) in enumerate(_steps(trace), start=1):
+        recent = [*list(guard.detector.losses)[-2:], loss]
+        measured["data"] = statistics.fmean(recent) if guard.detector.lasting(loss) else loss
+        if guard.suspect_since is None:  # the trusted weights' loss: the level before the suspicion
+            measured["weights"] = guard.detector.level() if guard.detector.losses else loss
+        alarms = guard.alarms(step, loss, grad_norm)
+        if any(a.skips_step for a in alarms):
+            guard.skipped(step)
+            skips.append(step)
+            continue
+        if any(a.restorable for a in alarms) and guard.can_restore(step, "replay"):
+            return _outcome(skips) + f", restore at {step}"
+        guard.observe(step, loss, grad_norm)
+    return _outcome(skips)
+
+
+def _outcome(skips: list[int]) -> str:
+    return "0" if not skips else f"{len(skips)} skip{'s' if len(skips) > 1 else ''} ({_steps_text(skips)})"
+
+
+def _steps_text(steps: list[int]) -> str:
+    return ", ".join(map(str, steps[:6])) + (", ..." if len(steps) > 6 else "")
+
+
+def _steps(trace: dict[str, Any]) -> list[tuple[float, float | None]]:
+    norms = trace.get("grad_norms") or [None] * len(trace["losses"])
+    return list(zip(trace["losses"], norms, strict=True))
+
+
+def _name(trace: dict[str, Any]) -> str:
+    rate = trace.get("lr_multiplier", 1.0)
+    return f"{trace['task']} ({trace['size']}) lr x{rate:g} {trace['fault']} s{trace['seed']}"
+
+
 def summary(traces: list[dict[str, Any]]) -> str:
+    """One row per trace: where the detector alone fires, then per setting what the guard does (clean
+    traces: if the batches were to blame / if the weights were; faulted: the fault's own culprit)."""
     lines = [
-        "| setting | " + " | ".join(f"{t['task']} {t['fault']} s{t['seed']}" for t in traces) + " |",
-        "|---|" + "---|" * len(traces),
+        "| trace | detector fires at | " + " | ".join(SETTINGS) + " |",
+        "|---|---|" + "---|" * len(SETTINGS),
     ]
-    for name, fields in SETTINGS.items():
+    for trace in traces:
+        fired = detector_fires(trace)
         cells = []
-        for trace in traces:
-            fired = replay(trace["losses"], fields)
+        for fields in SETTINGS.values():
             if trace["fault"] == "clean":
-                cells.append(f"{len(fired)} false" if fired else "0")
+                data, weights = replay_guard(trace, fields, DATA), replay_guard(trace, fields, WEIGHTS)
+                cells.append(data if data == weights else f"data: {data}; weights: {weights}")
             else:
-                window = fault_window(trace["fault"], len(trace["losses"]))
-                after = [s - window.start for s in fired if s >= window.start]
-                before = [s for s in fired if s < window.start]
-                inside = sum(window.covers(s) for s in fired)
-                seen = f"+{after[0]}, {inside}/{window.steps}" if after else "missed"
-                cells.append(seen + (f" ({len(before)} false before)" if before else ""))
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+                blamed = WEIGHTS if trace["fault"] == "lr_burst" else DATA
+                start = fault_window(trace["fault"], len(trace["losses"])).start
+                cells.append(f"{replay_guard(trace, fields, blamed)} (fault from {start + 1})")
+        lines.append(f"| {_name(trace)} | {_steps_text(fired) or '-'} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -362,6 +362,7 @@ class SpikeGuard:
         self.restored_since_update = False  # the weights are a trusted copy: spikes are the batches'
         self.skipped_steps = 0
         self.suspect_since: int | None = None  # the first step a spike blamed the weights, not yet undone
+        self.suspect_level = 0.0  # the loss's level then
         self.suspect_hits = 0  # steps that fired since, blamed on the weights
         self.quiet_steps = 0  # steps in a row since the last firing while suspect
         self.blames = {DATA: 0, WEIGHTS: 0}
@@ -394,13 +395,13 @@ class SpikeGuard:
         self.quiet_steps = 0
         culprit = self.blame(SHIFT_STEPS if lasting else 1, loss, sudden is not None)
         self.blames[culprit] += 1
-        if culprit == DATA:
-            if can_skip and self.skips_in_a_row < MAX_SKIPS:
+        if culprit == DATA:  # a lasting shift of hard batches: the weights are fine, nothing to skip
+            if sudden and can_skip and self.skips_in_a_row < MAX_SKIPS:
                 return [_spike_alarm(f"{why}; the batch is to blame", blames_weights=False, skips_step=True)]
             return []
         self.suspect_hits += 1
         if self.suspect_since is None:
-            self.suspect_since = step
+            self.suspect_since, self.suspect_level = step, self.detector.level()
         if self.suspect_hits < self.config.patience:
             logger.info(
                 "hf_hybrid: step %d: %s; the weights are to blame: waiting (%d of %d firing steps) for the "
@@ -426,7 +427,9 @@ class SpikeGuard:
         if measured is None:
             return DATA if sudden and self.skips_in_a_row < BLAME_AFTER else WEIGHTS
         now = statistics.fmean(list(self.detector.losses)[-(steps - 1) :] + [loss]) if steps > 1 else loss
-        rise = now - self.detector.level()
+        # while the weights are suspect the window has learnt the raised losses: the rise is from before
+        level = self.detector.level() if self.suspect_since is None else self.suspect_level
+        rise = now - level
         return WEIGHTS if now - measured > BLAME_SHARE * rise else DATA
 
     def _loss_at_trusted(self, steps: int) -> float | None:
@@ -590,7 +593,7 @@ class SpikeGuard:
             "skips_in_a_row": self.skips_in_a_row,
             "restored_since_update": self.restored_since_update,
             "skipped_steps": self.skipped_steps,
-            "suspicion": [self.suspect_since, self.suspect_hits, self.quiet_steps],
+            "suspicion": [self.suspect_since, self.suspect_hits, self.quiet_steps, self.suspect_level],
             "blames": dict(self.blames),
         }
 
@@ -603,9 +606,9 @@ class SpikeGuard:
         self.skips_in_a_row = int(state.get("skips_in_a_row", 0))
         self.restored_since_update = bool(state.get("restored_since_update", False))
         self.skipped_steps = int(state["skipped_steps"])
-        since, hits, quiet = state.get("suspicion", [None, 0, 0])
+        since, hits, quiet, level = state.get("suspicion", [None, 0, 0, 0.0])
         self.suspect_since = None if since is None else int(since)
-        self.suspect_hits, self.quiet_steps = int(hits), int(quiet)
+        self.suspect_hits, self.quiet_steps, self.suspect_level = int(hits), int(quiet), float(level)
         self.blames = {DATA: 0, WEIGHTS: 0, **{k: int(v) for k, v in state.get("blames", {}).items()}}
         self.trusted.step = self.pending.step = None
         self.clean_since_pending = int(state.get("clean_since_pending", 0))
