@@ -496,6 +496,9 @@ class _CheckpointCopy:
     def take(self, step: int, params: list[torch.Tensor], optimizer: Any) -> None:
         self.step = step
 
+    def clear(self) -> None:
+        self.step = None
+
     def available(self) -> str | None:
         if self.step is None:
             return "no checkpoint saved since the last one was restored or trusted"

@@ -80,6 +80,9 @@ class CopyStore(Protocol):
 
     def take(self, step: int, params: list[torch.Tensor], optimizer: Any) -> None: ...
 
+    def clear(self) -> None:
+        """Hold nothing (and free what was held)."""
+
     def restore(self, params: list[torch.Tensor], optimizer: Any) -> None: ...
 
     def available(self) -> str | None:
@@ -122,6 +125,9 @@ class HostCopy:
             for old, state in ((o or {}, s) for o, s in _pad(self.state, states))
         ]
 
+    def clear(self) -> None:
+        self.step, self.params, self.state = None, [], []
+
     def available(self) -> str | None:
         return None if self.step is not None else "no copy"
 
@@ -163,6 +169,9 @@ class NoCopy:
 
     def take(self, step: int, params: list[torch.Tensor], optimizer: Any) -> None:
         """Nothing is kept."""
+
+    def clear(self) -> None:
+        self.step = None
 
     def restore(self, params: list[torch.Tensor], optimizer: Any) -> None:
         raise RuntimeError("a spike guard without copies cannot restore")
@@ -512,7 +521,7 @@ class SpikeGuard:
         the checkpoint need not hold the copies and the resumed run still decides what this one does."""
         if not self.params:
             return
-        self.trusted.step = None
+        self.trusted.clear()  # freed, as a resumed run never had it
         self.pending.take(step, self.params, self.optimizer)
         self.clean_since_pending = 0
 
@@ -610,7 +619,8 @@ class SpikeGuard:
         self.suspect_since = None if since is None else int(since)
         self.suspect_hits, self.quiet_steps, self.suspect_level = int(hits), int(quiet), float(level)
         self.blames = {DATA: 0, WEIGHTS: 0, **{k: int(v) for k, v in state.get("blames", {}).items()}}
-        self.trusted.step = self.pending.step = None
+        self.trusted.clear()
+        self.pending.clear()
         self.clean_since_pending = int(state.get("clean_since_pending", 0))
         pending = state.get("pending_step")
         if self.params and pending is not None:
