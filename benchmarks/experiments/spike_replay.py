@@ -43,10 +43,10 @@ ARENA_RECORDS = Path("benchmarks/results/arena")
 ARENA_EVAL_POINTS = 4
 SETTINGS = {  # name: SpikeGuardConfig fields
     "patience 1 (restore at once)": {"patience": 1},
-    "patience 2": {"patience": 2},
-    "patience 4 (the default)": {},
+    "patience 2 (the default)": {},
+    "patience 4": {"patience": 4},
     "patience 6": {"patience": 6},
-    "patience 4, rise 0.2": {"min_rise": 0.2},
+    "patience 2, rise 0.2": {"min_rise": 0.2},
 }
 
 

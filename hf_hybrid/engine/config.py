@@ -151,7 +151,7 @@ class SpikeGuardConfig:
     history: int = 50
     min_history: int = 20
     device: str = "cpu"
-    patience: int = 4
+    patience: int = 2
     storage: str = "host"
 
     def __post_init__(self) -> None:

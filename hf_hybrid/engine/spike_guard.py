@@ -385,11 +385,12 @@ class SpikeGuard:
     ) -> list[Alarm]:
         """The spike as the recovery rule takes it, judged before the step's update is applied.
 
-        A detector firing is blamed first (`blame`): the data's fault skips the step (its update never
-        applied; nothing to restore), up to `MAX_SKIPS` in a row, after which the data has changed and
-        the run trains on. The weights' fault waits `patience` firing steps for the loss to come back by
-        itself, then asks for a restore. `can_skip=False` where the optimizer must see every step (a fp16
-        GradScaler): a spike can only be restored there."""
+        A detector firing is blamed first (`blame`, once per suspicion: each measurement is a forward
+        pass): the data's fault skips the step (its update never applied; nothing to restore), up to
+        `MAX_SKIPS` in a row, after which the data has changed and the run trains on. The weights' fault
+        waits `patience` firing steps for the loss to come back by itself, then asks for a restore.
+        `can_skip=False` where the optimizer must see every step (a fp16 GradScaler): a spike can only
+        be restored there."""
         if not self.params or not _finite(loss, grad_norm):
             return []
         lasting = self.detector.lasting(loss)
@@ -402,7 +403,10 @@ class SpikeGuard:
             self._quiet(step)
             return []
         self.quiet_steps = 0
-        culprit = self.blame(SHIFT_STEPS if lasting else 1, loss, sudden is not None)
+        if self.suspect_since is not None:  # blamed already: this step counts against the weights
+            culprit = WEIGHTS
+        else:
+            culprit = self.blame(SHIFT_STEPS if lasting else 1, loss, sudden is not None)
         self.blames[culprit] += 1
         if culprit == DATA:  # a lasting shift of hard batches: the weights are fine, nothing to skip
             if sudden and can_skip and self.skips_in_a_row < MAX_SKIPS:
