@@ -3,8 +3,9 @@
 A full fine-tune's host copies (weights and Adam's moments, twice) may not fit; the guard then keeps
 weights only (a restore resets the optimizer's moments) or reads the last checkpoint the Trainer saved.
 Each arm trains the task with the fault bench's lr x30 burst at mid-run (`hf_hybrid/bench/faults.py`),
-the checkpoint arm saving every `--save_steps` steps as a user's run would; the record keeps the final
-eval loss, the restores, the guard's bytes and time share, and the training time:
+the checkpoint arm saving every `--save_steps` steps as a user's run would (`hf-hybrid bench --faults`
+cannot: its runs save nothing); the record keeps the final eval loss, the restores, the guard's bytes and
+time share, and the training time:
 
     python benchmarks/experiments/guard_storage.py --task decoder_ft --seeds 0 \\
         --out benchmarks/experiments/results/guard_storage.json
@@ -78,14 +79,18 @@ def main() -> None:
     parser.add_argument("--size", default="full")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--save_steps", type=int, default=10)
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--out", default="benchmarks/experiments/results/guard_storage.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
     out = Path(args.out)
     rows = json.loads(out.read_text()) if out.is_file() else []
     done = {(r["task"], r["arm"], r["fault"], r["seed"]) for r in rows}
-    wanted = [("plain", "clean"), ("plain", "lr_burst"), ("host", "lr_burst"), ("weights", "lr_burst")]
-    wanted.append(("checkpoint", "lr_burst"))
+    wanted = [
+        (arm, fault)
+        for arm in args.arms
+        for fault in (("clean", "lr_burst") if arm == "plain" else ("lr_burst",))
+    ]
     for seed in args.seeds:
         for arm, fault in wanted:
             if (args.task, arm, fault, seed) in done:
