@@ -37,7 +37,7 @@ TRACES = (
 )
 # The verdict table's clean runs: the five arena tasks at full size, 3 seeds, at the rate the arena tuned
 # (`plain.best_lr_multiplier` of the committed record) and at twice it, the edge of stability.
-ARENA_TASKS = ("minilm_lora", "minilm_cls", "decoder_lora", "decoder_ft", "clm_stdlib")
+ARENA_TASKS = ("minilm_lora", "decoder_lora", "decoder_ft", "minilm_cls", "clm_stdlib")  # recording order
 ARENA_SEEDS = (0, 1, 2)
 ARENA_RECORDS = Path("benchmarks/results/arena")
 ARENA_EVAL_POINTS = 4
@@ -204,6 +204,32 @@ def summary(traces: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def clean_table(traces: list[dict[str, Any]]) -> str:
+    """The verdict table's clean runs under the shipped settings: per task and rate, per seed, what the
+    guard does (whichever the second measurement blames) and where the detector alone fired."""
+    arena = [t for t in traces if t["fault"] == "clean" and t.get("lr_multiplier", 1.0) != 1.0]
+    lines = ["| task | lr | seed 0 | seed 1 | seed 2 |", "|---|---|---|---|---|"]
+    for task in ARENA_TASKS:
+        tuned = tuned_multiplier(task)
+        for multiplier, label in ((tuned, "tuned"), (2 * tuned, "x2")):
+            cells = []
+            for seed in ARENA_SEEDS:
+                trace = next(
+                    (t for t in arena if trace_key(t) == (task, "full", "clean", seed, multiplier)), None
+                )
+                if trace is None:
+                    cells.append("not recorded")
+                    continue
+                outcomes = {replay_guard(trace, {}, DATA), replay_guard(trace, {}, WEIGHTS)}
+                acted = " / ".join(sorted(outcomes))
+                fired = detector_fires(trace)
+                where = f" (fired at {_steps_text(fired)})" if fired else ""
+                cells.append(("0 actions" if outcomes == {"0"} else acted) + where)
+            rate = get_task(task).learning_rate * multiplier
+            lines.append(f"| `{task}` | {label} ({rate:g}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="benchmarks/experiments/results/spike_replay.json")
@@ -225,7 +251,7 @@ def main() -> None:
                 f"eval loss {traces[-1]['eval_loss']:.4f}",
                 flush=True,
             )
-    table = summary(traces)
+    table = clean_table(traces) + "\n\n" + summary(traces)
     out.with_suffix(".md").write_text(table + "\n")
     print(table)
 
