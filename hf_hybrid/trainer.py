@@ -20,7 +20,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -35,7 +34,7 @@ from .engine.config import EngineConfig
 from .engine.engine import HybridEngine, StepOutcome, StepPlan
 from .engine.optimizer import HybridOptimizer
 from .engine.predictor import DeltaPredictor
-from .engine.spike_guard import SHIFT_STEPS, SpikeGuard
+from .engine.spike_guard import SpikeGuard
 from .guard_storage import StoragePlan, choose_storage, memory_budget, optimizer_state_bytes
 from .hybrid_arguments import hybrid_name
 from .model_card import add_hybrid_section, card_context, local_base_model, render_section
@@ -90,7 +89,6 @@ class HybridHFTrainer(Trainer):
         self.hybrid_timeline: list[dict[str, Any]] = []
         self.guard_plan: StoragePlan | None = None  # where the spike guard's copies live, and why
         self._step_batches: list[tuple[nn.Module, dict[str, Any], Any]] = []  # this step's micro-batches
-        self._recent_batches: deque[list[tuple[nn.Module, dict[str, Any], Any]]] = deque(maxlen=SHIFT_STEPS)
         self.checkpoints = EngineCheckpoints(args.hybrid_restart_engine, rename=hybrid_name)
         if self.hybrid_args.hybrid_enabled:
             install_console(self)
@@ -219,19 +217,16 @@ class HybridHFTrainer(Trainer):
         copies = (_CheckpointCopy(self), _CheckpointCopy(self)) if plan.storage == "checkpoint" else None
         return SpikeGuard(self.optimizer, config, suspect_loss=self._suspect_loss, copies=copies)
 
-    def _suspect_loss(self, steps: int) -> float | None:
-        """The mean step loss of the last `steps` steps' batches at the live weights, measured again as
-        training measured it (train mode, the same loss scaling) without a gradient, the random state
-        put back after (dropout draws no number the run would have drawn); averaged over ranks."""
-        recent = [*self._recent_batches, self._step_batches][-steps:]
-        if len(recent) < steps or not all(recent):
+    def _suspect_loss(self) -> float | None:
+        """This step's loss at the live weights, measured again as training measured it (train mode, the
+        same loss scaling) without a gradient, the random state put back after (dropout draws no number
+        the run would have drawn); averaged over ranks."""
+        if not self._step_batches:
             return None
         cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-        totals = []
         with torch.random.fork_rng(devices=cuda), torch.no_grad():
-            for batches in recent:
-                totals.append(sum(self._measure_again(*batch) for batch in batches))
-        return float(self._mean_over_ranks(torch.stack(totals).mean()))
+            total = torch.stack([self._measure_again(*batch) for batch in self._step_batches]).sum()
+        return float(self._mean_over_ranks(total))
 
     def _measure_again(self, model: nn.Module, inputs: dict[str, Any], num_items: Any) -> torch.Tensor:
         model.train()
@@ -356,7 +351,6 @@ class HybridHFTrainer(Trainer):
     @_charged
     def _record_outcome(self, outcome: StepOutcome, seconds: float) -> None:
         """One timeline row per optimizer step (the plot, the model card and resume read it)."""
-        self._recent_batches.append(self._step_batches)
         self._step_batches = []
         self.hybrid_timeline.append(
             {

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import types
 from pathlib import Path
 from typing import Any
@@ -141,7 +140,7 @@ def replay_guard(trace: dict[str, Any], fields: dict[str, Any], blamed: str) -> 
     guard: SpikeGuard
     measured: dict[str, float] = {}
 
-    def suspect_loss(steps: int) -> float:
+    def suspect_loss() -> float:
         return measured["data"] if blamed == DATA else measured["weights"]
 
     guard = SpikeGuard(
@@ -149,8 +148,7 @@ def replay_guard(trace: dict[str, Any], fields: dict[str, Any], blamed: str) -> 
     )
     skips: list[int] = []
     for step, (loss, grad_norm) in enumerate(_steps(trace), start=1):
-        recent = [*list(guard.detector.losses)[-2:], loss]
-        measured["data"] = statistics.fmean(recent) if guard.detector.lasting(loss) else loss
+        measured["data"] = loss
         if guard.suspect_since is None:  # the trusted weights' loss: the level before the suspicion
             measured["weights"] = guard.detector.level() if guard.detector.losses else loss
         alarms = guard.alarms(step, loss, grad_norm)
