@@ -36,7 +36,7 @@ TRACES = (
 )
 # The verdict table's clean runs: the five arena tasks at full size, 3 seeds, at the rate the arena tuned
 # (`plain.best_lr_multiplier` of the committed record) and at twice it, the edge of stability.
-ARENA_TASKS = ("minilm_lora", "decoder_lora", "decoder_ft", "minilm_cls", "clm_stdlib")  # recording order
+ARENA_TASKS = ("minilm_lora", "minilm_cls", "decoder_lora", "decoder_ft", "clm_stdlib")
 ARENA_SEEDS = (0, 1, 2)
 ARENA_RECORDS = Path("benchmarks/results/arena")
 ARENA_EVAL_POINTS = 4
@@ -110,7 +110,7 @@ def wanted_traces() -> list[tuple[str, str, str, int, float]]:
     ]
     for task in ARENA_TASKS:
         tuned = tuned_multiplier(task)
-        wanted += [(task, "full", "clean", seed, m) for m in (tuned, 2 * tuned) for seed in ARENA_SEEDS]
+        wanted += [(task, "full", "clean", seed, m) for seed in ARENA_SEEDS for m in (tuned, 2 * tuned)]
     return wanted
 
 
