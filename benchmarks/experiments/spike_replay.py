@@ -119,13 +119,17 @@ def trace_key(trace: dict[str, Any]) -> tuple[str, str, str, int, float]:
 
 
 def detector_fires(trace: dict[str, Any]) -> list[int]:
-    """The 1-based steps at which the detector alone fires (a firing step stays out of its window)."""
+    """The 1-based steps at which the guard's detector fires when every step is applied (as a plain run
+    applies them): a sudden spike, or a lasting shift whose own step is up too, as the guard judges."""
     detector = SpikeDetector(SpikeGuardConfig())
     fired: list[int] = []
     for step, (loss, grad_norm) in enumerate(_steps(trace), start=1):
-        if detector.spike(loss, grad_norm, after_spike=bool(fired) and fired[-1] == step - 1) is not None:
+        lasting = detector.lasting(loss)
+        if lasting and not detector.elevated(loss):
+            lasting = None
+        after_spike = bool(fired) and fired[-1] == step - 1
+        if lasting or detector.sudden(loss, grad_norm, after_spike):
             fired.append(step)
-            continue
         detector.add(loss, grad_norm, step)
     return fired
 
