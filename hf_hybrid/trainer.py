@@ -479,6 +479,7 @@ class _CheckpointCopy:
     back on a restore (weights and optimizer state; the scheduler keeps following the step count)."""
 
     periodic = False  # taken only where the Trainer saves (the engine's save rebases the guard)
+    persistent = True  # on disk: a resumed run finds the trusted checkpoint too
 
     def __init__(self, trainer: HybridHFTrainer) -> None:
         self.trainer = trainer

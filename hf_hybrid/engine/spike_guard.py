@@ -73,10 +73,12 @@ def _spike_alarm(why: str, **kind: bool) -> Alarm:
 
 class CopyStore(Protocol):
     """Where a copy of the training state lives. `step` is None while it holds nothing; `periodic`: the
-    guard takes one every `every` clean steps (else only at the caller's checkpoints, `rebase`)."""
+    guard takes one every `every` clean steps (else only at the caller's checkpoints, `rebase`);
+    `persistent`: it outlives the process (a checkpoint on disk), so a resumed run has it too."""
 
     step: int | None
     periodic: bool
+    persistent: bool
 
     def take(self, step: int, params: list[torch.Tensor], optimizer: Any) -> None: ...
 
@@ -102,7 +104,7 @@ class HostCopy:
     A weights-only copy restores the weights and resets the optimizer's state for them (Adam starts its
     moments again), at a third of the memory with Adam."""
 
-    periodic = True
+    periodic, persistent = True, False
 
     def __init__(self, device: str = "cpu", weights_only: bool = False) -> None:
         self.device = device
@@ -162,7 +164,7 @@ class HostCopy:
 class NoCopy:
     """`storage="none"`: no copy is kept; the guard only skips bad batches."""
 
-    periodic = False
+    periodic, persistent = False, False
 
     def __init__(self) -> None:
         self.step: int | None = None
@@ -501,7 +503,8 @@ class SpikeGuard:
         """Put back the trusted copy's weights and optimizer state; the batches since it are skipped."""
         self.trusted.restore(self.params, self.optimizer)
         self.detector.forget_after(self.trusted.step)
-        skipped = step - self.trusted.step
+        since = max(self.trusted.step, self.restore_steps[-1]) if self.restore_steps else self.trusted.step
+        skipped = step - since  # batches not yet counted as skipped by an earlier restore of this copy
         self.skipped_steps += skipped
         self.restore_steps.append(step)
         self.pending.step, self.clean_since_pending, self.skips_in_a_row = None, 0, 0
@@ -515,15 +518,18 @@ class SpikeGuard:
             self.trusted.step,
             skipped,
         )
-        self.trusted.step = step  # the state is now that copy's, at this step: skip from here next time
+        if not self.trusted.persistent:  # a checkpoint keeps its folder's step
+            self.trusted.step = step  # the state is now that copy's, at this step
 
     def rebase(self, step: int) -> None:
         """The caller saved a checkpoint of this step: the copies start again from it (a pending copy of
-        this very state, no trusted one), exactly as a run resumed from that checkpoint starts them, so
-        the checkpoint need not hold the copies and the resumed run still decides what this one does."""
+        this very state, no trusted one in memory; a trusted checkpoint on disk stays), exactly as a run
+        resumed from that checkpoint starts them, so the checkpoint need not hold the copies and the
+        resumed run still decides what this one does."""
         if not self.params:
             return
-        self.trusted.clear()  # freed, as a resumed run never had it
+        if not self.trusted.persistent:  # freed, as a resumed run never had it
+            self.trusted.clear()
         self.pending.take(step, self.params, self.optimizer)
         self.clean_since_pending = 0
 
@@ -593,10 +599,11 @@ class SpikeGuard:
     def state_dict(self) -> dict[str, Any]:
         """Counters, the detector's window and the suspicion; not the copies: saving the engine first
         `rebase`s them on the saved state itself, which a resumed run copies again (`load_state_dict`)."""
-        if self.trusted.step is not None:
+        if self.trusted.step is not None and not self.trusted.persistent:
             raise RuntimeError("SpikeGuard.state_dict() without rebase(): the trusted copy would be lost")
         return {
             "detector": self.detector.state_dict(),
+            "trusted_step": self.trusted.step,  # a checkpoint on disk (None for copies in memory)
             "pending_step": self.pending.step,
             "clean_since_pending": self.clean_since_pending,
             "restore_steps": list(self.restore_steps),
@@ -624,9 +631,11 @@ class SpikeGuard:
         self.trusted.clear()
         self.pending.clear()
         self.clean_since_pending = int(state.get("clean_since_pending", 0))
-        pending = state.get("pending_step")
+        pending, trusted = state.get("pending_step"), state.get("trusted_step")
         if self.params and pending is not None:
             self.pending.take(int(pending), self.params, self.optimizer)
+        if self.params and trusted is not None and self.trusted.persistent:
+            self.trusted.take(int(trusted), self.params, self.optimizer)
 
 
 def _finite(loss: float | None, grad_norm: float | None) -> bool:
