@@ -302,8 +302,9 @@ def test_the_guard_adds_at_most_a_tenth_to_a_checkpoint(tmp_path):
 
 
 def test_checkpoint_storage_restores_the_saved_checkpoint(tmp_path):
-    """No copy in memory: a restore reads the checkpoint the Trainer saved (weights and optimizer)."""
-    args = {**GUARD, "hybrid_guard_storage": "checkpoint", "save_strategy": "steps", "save_steps": 40}
+    """No copy in memory: a restore reads the trusted checkpoint (weights and optimizer), which the save
+    at step 50, one before the burst, left trusted: it is on disk, not dropped as a memory copy is."""
+    args = {**GUARD, "hybrid_guard_storage": "checkpoint", "save_strategy": "steps", "save_steps": 10}
     trainer = hybrid_trainer(tmp_path, max_steps=70, **args)
     snapshots = _watched(trainer, BURST)
     trainer.train()
