@@ -68,6 +68,11 @@ class HybridStepCallback(TrainerCallback):
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
 
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        line = guard_line(self.trainer)
+        if line is not None:
+            logger.info(line)
+
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.trainer.engine is not None:
             with self.trainer.engine.timer.part("trainer"):
@@ -79,6 +84,13 @@ class HybridStepCallback(TrainerCallback):
             return
         publish_timeline_plot(trainer)
         logger.info(run_summary(trainer.hybrid_stats()))
+
+
+def guard_line(trainer: Any) -> str | None:
+    """What the spike guard holds, for the start of training (None: no guard, or not rank 0)."""
+    if trainer.engine is None or trainer.guard_plan is None or not trainer.is_world_process_zero():
+        return None
+    return trainer.guard_plan.line()
 
 
 def publish_timeline_plot(trainer: Any) -> None:
@@ -108,6 +120,12 @@ class HybridProgressCallback(ProgressCallback):
         super().__init__()
         self.trainer = trainer
 
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        super().on_train_begin(args, state, control, **kwargs)
+        line = guard_line(self.trainer)
+        if line is not None:
+            tqdm.write(line)
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         super().on_step_end(args, state, control, **kwargs)
         engine = self.trainer.engine
@@ -130,6 +148,11 @@ class HybridPrinterCallback(PrinterCallback):
 
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        line = guard_line(self.trainer)
+        if line is not None:
+            print(line)  # the console, as PrinterCallback prints logs
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         super().on_log(args, state, control, logs=console_logs(self.trainer, logs or {}), **kwargs)

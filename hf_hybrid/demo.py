@@ -72,8 +72,9 @@ _DEMO_HYBRID = {
     "hybrid_max_predict_steps": 8,
     "hybrid_confidence_threshold": 0.3,
 }
-# The spike runs' hybrid trainer: never predicts (a skill of 1 is never measured), guards every step.
-GUARD_ONLY = {"hybrid_confidence_threshold": 1.0, "hybrid_spike_guard": "on"}
+# The spike runs' hybrid trainer: never predicts (a skill of 1 is never measured); the spike guard is on
+# by default (`hybrid_spike_guard=auto`), so this is what a user gets who turns prediction off.
+GUARD_ONLY = {"hybrid_confidence_threshold": 1.0}
 SIZES: dict[str, DemoSize] = {
     "default": DemoSize(
         max_steps=600, train_blocks=4096, eval_blocks=128, logging_steps=60, hybrid=_DEMO_HYBRID
@@ -257,6 +258,7 @@ def _run_one(
             "backward_skipped_fraction": stats["backward_skipped_fraction"],
             "rollbacks": stats["rollbacks"],
             "restores": stats["restores"] if stats["spike_guard"] else None,
+            "skips": stats["skips"] if stats["spike_guard"] else None,
             "hybrid_stats": stats,
         }
         _save_json(Path(args.output_dir) / "hybrid_timeline.json", trainer.hybrid_timeline)
@@ -270,6 +272,7 @@ def _run_one(
             "backward_skipped_fraction": 0.0,
             "rollbacks": 0,
             "restores": None,
+            "skips": None,
         }
     row.update(eval_loss=eval_loss, wall_clock_s=wall, num_parameters=model.num_parameters())
     _save_json(Path(args.output_dir) / "log_history.json", trainer.state.log_history)
@@ -286,6 +289,7 @@ def format_table(results: dict[str, Any]) -> list[str]:
         "backward skipped",
         "rollbacks",
         "restores",
+        "skips",
         "eval loss",
         "wall s",
         "wall / plain",
@@ -305,6 +309,7 @@ def format_table(results: dict[str, Any]) -> list[str]:
                 f"{row['backward_skipped']} ({row['backward_skipped_fraction']:.1%})",
                 str(row["rollbacks"]) if phases else "-",
                 "-" if row.get("restores") is None else str(row["restores"]),
+                "-" if row.get("skips") is None else str(row["skips"]),
                 f"{row['eval_loss']:.4f}",
                 f"{row['wall_clock_s']:.1f}",
                 f"{row['wall_clock_ratio']:.2f}x",

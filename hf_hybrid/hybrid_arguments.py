@@ -14,15 +14,15 @@ import json
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
-from .engine.config import GUARD_DEVICES, EngineConfig, SpikeGuardConfig
+from .engine.config import GUARD_DEVICES, GUARD_STORAGES, EngineConfig, SpikeGuardConfig
 from .engine.phases import PhaseSchedule
-from .engine.validation import ConfigError, check_bool, check_choice, check_int
+from .engine.validation import ConfigError, check_bool, check_choice, check_float, check_int
 
 PREFIX = "hybrid_"
 CONSOLE_METRICS = ("compact", "full")
 SPIKE_GUARD_MODES = ("auto", "on", "off")
+GUARD_STORAGE_CHOICES = ("auto", *GUARD_STORAGES)
 _GUARD_DEFAULTS = SpikeGuardConfig()
-AUTO_GUARD_FRACTION = 0.1  # `hybrid_spike_guard=auto` guards runs that train at most this share
 
 
 def engine_target(hybrid_name: str) -> tuple[str, str] | None:
@@ -143,16 +143,33 @@ class HybridArgumentsMixin:
     )
 
     hybrid_spike_guard: str = field(
-        default="off",
+        default="auto",
         metadata={
-            "help": "Skip or roll back loss spikes in every step, predicted or not: a sudden spike's batch "
-            "is skipped; a lasting one restores the last trusted copy of the trainable weights and optimizer "
-            "state (taken every hybrid_guard_every steps) and skips the batches since. off (the default: "
-            "it also acts on spikes a run would have recovered from, so a guarded run is not the plain "
-            "Trainer's); on; auto: on when at most a tenth of the parameters train (LoRA and other adapters, "
-            "whose copies are small), off for full fine-tunes (two copies of the weights and the optimizer "
-            "state in host memory).",
+            "help": "Judge every real step's loss before its update is applied. A spike is blamed first: "
+            "its batch is measured again at the guard's trusted copy of the weights; bad data (as bad there) "
+            "is skipped, damaged weights that do not come back by themselves within a few steps are "
+            "restored from the trusted copy (weights and optimizer state; the batches since skipped). Every "
+            "skip and restore is a warning, a hybrid/* metric, a timeline mark and a summary line. auto "
+            "(the default): on whenever its copies fit (hybrid_guard_storage), off otherwise; on: always "
+            "(with no copy that fits it only skips bad batches); off.",
             "choices": list(SPIKE_GUARD_MODES),
+        },
+    )
+    hybrid_guard_storage: str = field(
+        default="auto",
+        metadata={
+            "help": "Where the spike guard's two copies live: host (weights and optimizer state in host "
+            "memory), weights (weights only; a restore resets the optimizer moments), checkpoint (none in "
+            "memory: a restore reads the last checkpoint the Trainer saved), none (no copy: skips only), or "
+            "auto: the first of host, weights, checkpoint that fits hybrid_guard_memory_mb.",
+            "choices": list(GUARD_STORAGE_CHOICES),
+        },
+    )
+    hybrid_guard_memory_mb: float | None = field(
+        default=None,
+        metadata={
+            "help": "Host memory the spike guard's copies may take, in MiB (default: a fifth of the host "
+            "memory available when training starts). Copies that do not fit fall back to the next storage."
         },
     )
     hybrid_guard_every: int = field(
@@ -169,8 +186,8 @@ class HybridArgumentsMixin:
     hybrid_guard_device: str = field(
         default=_GUARD_DEFAULTS.device,
         metadata={
-            "help": "Where the spike guard's copies live: cpu (host memory, pinned on CUDA) or same "
-            "(the parameters' device).",
+            "help": "Where the spike guard's host/weights copies live: cpu (host memory, pinned on CUDA) or "
+            "same (the parameters' device).",
             "choices": list(GUARD_DEVICES),
         },
     )
@@ -187,6 +204,9 @@ class HybridArgumentsMixin:
             check_int("hybrid_probe_batches", self.hybrid_probe_batches, 0, 1024)
             check_choice("hybrid_console_metrics", self.hybrid_console_metrics, CONSOLE_METRICS)
             check_choice("hybrid_spike_guard", self.hybrid_spike_guard, SPIKE_GUARD_MODES)
+            check_choice("hybrid_guard_storage", self.hybrid_guard_storage, GUARD_STORAGE_CHOICES)
+            if self.hybrid_guard_memory_mb is not None:
+                check_float("hybrid_guard_memory_mb", self.hybrid_guard_memory_mb, 0.0, 1e12)
             if isinstance(self.hybrid_predictor_kwargs, str):
                 self.hybrid_predictor_kwargs = _json_object(
                     "hybrid_predictor_kwargs", self.hybrid_predictor_kwargs
@@ -195,18 +215,19 @@ class HybridArgumentsMixin:
         except ConfigError as exc:
             raise ValueError(exc.message(hybrid_name)) from None
         try:
-            self.spike_guard_config(trainable_fraction=0.0)
+            self.spike_guard_config("host")
         except ConfigError as exc:
             raise ValueError(exc.message(lambda name: f"hybrid_guard_{name}")) from None
 
-    def spike_guard_config(self, trainable_fraction: float) -> SpikeGuardConfig:
-        """The spike guard's settings; the share of the model's parameters that train decides `auto`."""
-        mode = self.hybrid_spike_guard
+    def spike_guard_config(self, storage: str) -> SpikeGuardConfig:
+        """The spike guard's settings, with its copies in `storage` (decided by the trainer from measured
+        sizes, `guard_storage.choose_storage`); `hybrid_spike_guard=off` disables it."""
         return SpikeGuardConfig(
-            enabled=mode == "on" or (mode == "auto" and trainable_fraction <= AUTO_GUARD_FRACTION),
+            enabled=self.hybrid_spike_guard != "off",
             every=self.hybrid_guard_every,
             max_restores=self.hybrid_guard_max_restores,
             device=self.hybrid_guard_device,
+            storage=storage,
         )
 
     def engine_config(self) -> EngineConfig:

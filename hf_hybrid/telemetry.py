@@ -50,13 +50,14 @@ def run_summary(stats: Mapping[str, Any]) -> str:
         f"{stats['rollbacks']} rollback{'s' if stats['rollbacks'] != 1 else ''}",
     ]
     if stats.get("spike_guard"):
-        restores = stats["restores"]
+        restores, skips = stats["restores"], stats["skips"]
         parts.append(
             f"spike guard: {restores} restore{'s' if restores != 1 else ''}"
             + (f" at step {', '.join(map(str, stats['restore_steps']))}" if restores else "")
-            + f", {stats['skips']} bad batch{'es' if stats['skips'] != 1 else ''} skipped"
-            + f" ({stats['spike_skipped_steps']} batches skipped in all, {_bytes(stats['spike_guard_bytes'])}"
-            + " of copies)"
+            + f", {skips} bad batch{'es' if skips != 1 else ''} skipped"
+            + (f" at step {', '.join(map(str, stats['skip_steps']))}" if skips else "")
+            + f" ({stats['spike_skipped_steps']} batches skipped in all; copies in "
+            + f"{stats['spike_guard_storage']}, {_bytes(stats['spike_guard_bytes'])})"
         )
     timing = stats.get("timing") or {}
     cost = f"engine: {_bytes(stats['engine_bytes'])} now, {_bytes(stats['engine_peak_bytes'])} at most"
@@ -165,7 +166,8 @@ def measured_time_saved_fraction(timeline: Sequence[Mapping[str, Any]]) -> float
 
 
 def plot_timeline(timeline: Sequence[Mapping[str, Any]], path: str | os.PathLike) -> Path:
-    """Loss per step on a background shaded by phase, the loss model's forecast, rollbacks marked."""
+    """Loss per step on a background shaded by phase, the loss model's forecast, and every rollback,
+    spike-guard restore and skipped batch marked."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
@@ -187,16 +189,25 @@ def plot_timeline(timeline: Sequence[Mapping[str, Any]], path: str | os.PathLike
         ls="--",
         label="predicted loss",
     )
-    rollbacks = [row for row in timeline if row.get("rolled_back")]
-    if rollbacks:
-        axes.scatter(
-            [int(row["step"]) for row in rollbacks],
-            [_nan_if_none(row.get("loss")) for row in rollbacks],
-            color="tab:red",
-            marker="x",
-            zorder=3,
-            label="rollback",
-        )
+    for action, color, marker in (
+        ("rollback", "tab:red", "x"),
+        ("restore", "tab:purple", "v"),
+        ("skip", "tab:orange", "o"),
+    ):
+        rows = [
+            row
+            for row in timeline
+            if row.get("action") == action or (action == "rollback" and row.get("rolled_back"))
+        ]
+        if rows:
+            axes.scatter(
+                [int(row["step"]) for row in rows],
+                [_nan_if_none(row.get("loss")) for row in rows],
+                color=color,
+                marker=marker,
+                zorder=3,
+                label=f"{action} ({len(rows)})",
+            )
     handles, _ = axes.get_legend_handles_labels()
     seen = dict.fromkeys(row["phase"] for row in timeline)
     handles += [Patch(color=PHASE_COLORS.get(p, "#ffffff"), label=p) for p in seen]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -35,6 +35,7 @@ from .engine.engine import HybridEngine, StepOutcome, StepPlan
 from .engine.optimizer import HybridOptimizer
 from .engine.predictor import DeltaPredictor
 from .engine.spike_guard import SpikeGuard
+from .guard_storage import StoragePlan, choose_storage, memory_budget, optimizer_state_bytes
 from .hybrid_arguments import hybrid_name
 from .model_card import add_hybrid_section, card_context, local_base_model, render_section
 from .parameters import trainable_parameters
@@ -86,6 +87,8 @@ class HybridHFTrainer(Trainer):
         super().__init__(model, args, *more, **kwargs)
         self.engine: HybridEngine | None = None
         self.hybrid_timeline: list[dict[str, Any]] = []
+        self.guard_plan: StoragePlan | None = None  # where the spike guard's copies live, and why
+        self._step_batches: list[tuple[nn.Module, dict[str, Any], Any]] = []  # this step's micro-batches
         self.checkpoints = EngineCheckpoints(args.hybrid_restart_engine, rename=hybrid_name)
         if self.hybrid_args.hybrid_enabled:
             install_console(self)
@@ -166,7 +169,7 @@ class HybridHFTrainer(Trainer):
             )
         probe = _loss_probe(self) if self.hybrid_args.hybrid_probe_batches else None
         config = self.engine_config
-        guard = _spike_guard(self.hybrid_args, model, self.optimizer)
+        guard = self._build_spike_guard(params)
         self.engine = HybridEngine(
             params,
             config,
@@ -189,6 +192,52 @@ class HybridHFTrainer(Trainer):
             on_outcome=self._record_outcome,
         )
         self.callback_handler.optimizer = self.optimizer
+
+    def _build_spike_guard(self, params: dict[str, torch.Tensor]) -> SpikeGuard | None:
+        """The spike guard `hybrid_spike_guard` asks for, its copies where they fit (`guard_storage`);
+        what it holds is said at the start of training (`guard_plan`)."""
+        args = self.hybrid_args
+        self.guard_plan = None
+        if args.hybrid_spike_guard == "off":
+            return None
+        tensors = list(params.values())
+        weights = sum(p.numel() * p.element_size() for p in tensors)
+        plan = choose_storage(
+            args.hybrid_guard_storage,
+            weights,
+            optimizer_state_bytes(self.optimizer, tensors),
+            memory_budget(args.hybrid_guard_memory_mb),
+            saves_checkpoints=self.args.save_strategy != "no" and not self.args.save_only_model,
+        )
+        if plan.storage == "none" and args.hybrid_spike_guard == "auto":
+            logger.warning("hf_hybrid: spike guard off (hybrid_spike_guard=auto): %s", plan.reason)
+            return None
+        self.guard_plan = plan
+        config = args.spike_guard_config(plan.storage)
+        copies = (_CheckpointCopy(self), _CheckpointCopy(self)) if plan.storage == "checkpoint" else None
+        return SpikeGuard(self.optimizer, config, suspect_loss=self._suspect_loss, copies=copies)
+
+    def _suspect_loss(self) -> float | None:
+        """This step's loss at the live weights, measured again as training measured it (train mode, the
+        same loss scaling) without a gradient, the random state put back after (dropout draws no number
+        the run would have drawn); averaged over ranks."""
+        if not self._step_batches:
+            return None
+        cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        with torch.random.fork_rng(devices=cuda), torch.no_grad():
+            total = torch.stack([self._measure_again(*batch) for batch in self._step_batches]).sum()
+        return float(self._mean_over_ranks(total))
+
+    def _measure_again(self, model: nn.Module, inputs: dict[str, Any], num_items: Any) -> torch.Tensor:
+        model.train()
+        with self.compute_loss_context_manager():
+            loss = self.compute_loss(model, self._prepare_inputs(inputs), num_items_in_batch=num_items)
+        self._reshard_after_forward_only(model)
+        if self.args.n_gpu > 1:
+            loss = loss.mean()
+        if not self._loss_is_scaled_for_ga(num_items):
+            loss = loss / self.current_gradient_accumulation_steps
+        return loss.detach()
 
     def _unsupported_distribution(self) -> str | None:
         """Why predict phases cannot run under this accelerate set-up (None: they can).
@@ -217,6 +266,8 @@ class HybridHFTrainer(Trainer):
             if plan.phase.runs_backward:
                 with timer.outside():
                     loss = super().training_step(model, inputs, num_items_in_batch)
+                if self.engine.spike_guard.params:  # references only: the guard may measure them again
+                    self._step_batches.append((model, inputs, num_items_in_batch))
             elif plan.measure_loss:
                 loss = self._forward_only_step(model, inputs, num_items_in_batch)
             else:
@@ -300,6 +351,7 @@ class HybridHFTrainer(Trainer):
     @_charged
     def _record_outcome(self, outcome: StepOutcome, seconds: float) -> None:
         """One timeline row per optimizer step (the plot, the model card and resume read it)."""
+        self._step_batches = []
         self.hybrid_timeline.append(
             {
                 "step": self.state.global_step + 1,
@@ -422,12 +474,51 @@ def _loss_probe(trainer: HybridHFTrainer) -> Callable[[], float]:
     return probe
 
 
-def _spike_guard(args: HybridArgumentsMixin, model: nn.Module, optimizer: Any) -> SpikeGuard | None:
-    """The spike guard the arguments ask for (`auto` decides by the share of parameters that train)."""
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
-    config = args.spike_guard_config(trainable / max(total, 1))
-    return SpikeGuard(optimizer, config) if config.enabled else None
+class _CheckpointCopy:
+    """`hybrid_guard_storage=checkpoint`: the copy is the checkpoint the Trainer saved at its step, read
+    back on a restore (weights and optimizer state; the scheduler keeps following the step count)."""
+
+    periodic = False  # taken only where the Trainer saves (the engine's save rebases the guard)
+    persistent = True  # on disk: a resumed run finds the trusted checkpoint too
+
+    def __init__(self, trainer: HybridHFTrainer) -> None:
+        self.trainer = trainer
+        self.step: int | None = None
+
+    def folder(self) -> str:
+        return os.path.join(self.trainer.args.output_dir, f"checkpoint-{self.step}")
+
+    def take(self, step: int, params: list[torch.Tensor], optimizer: Any) -> None:
+        self.step = step
+
+    def clear(self) -> None:
+        self.step = None
+
+    def available(self) -> str | None:
+        if self.step is None:
+            return "no checkpoint saved since the last one was restored or trusted"
+        if not os.path.isdir(self.folder()):
+            return (
+                f"{self.folder()} is gone (deleted, or rotated away by save_total_limit): the spike guard "
+                "falls back to skipping bad batches until the next checkpoint"
+            )
+        return None
+
+    def restore(self, params: list[torch.Tensor], optimizer: Any) -> None:
+        trainer = self.trainer
+        schedule = trainer.lr_scheduler.state_dict()
+        trainer._load_from_checkpoint(self.folder())
+        trainer._load_optimizer_and_scheduler(self.folder())
+        trainer.lr_scheduler.load_state_dict(schedule)
+
+    def swap(self, params: list[torch.Tensor]) -> bool:
+        return False  # the weights are on disk: blamed without a second measurement
+
+    def nbytes(self) -> int:
+        return 0
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        yield from ()
 
 
 def _probe_examples(dataset: Any, count: int, seed: int) -> Any:

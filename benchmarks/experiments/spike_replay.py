@@ -26,89 +26,209 @@ from hf_hybrid.bench.faults import FAULTS, Faulted, fault_window
 from hf_hybrid.bench.methods import parse_method
 from hf_hybrid.bench.runner import run_trial
 from hf_hybrid.bench.tasks import get_task
-from hf_hybrid.engine.spike_guard import SpikeDetector, SpikeGuardConfig
+from hf_hybrid.engine.spike_guard import DATA, WEIGHTS, SpikeDetector, SpikeGuard, SpikeGuardConfig
 
-# (task, size, seeds of the clean traces, seeds of the faulted ones)
+# (task, size, seeds of the clean traces, seeds of the faulted ones), at the task's default rate
 TRACES = (
     ("minilm_lora", "full", (0, 1), (0,)),
     ("clm_stdlib", "quick", (0, 1, 2), (0,)),
     ("minilm_cls", "full", (0,), ()),  # a full fine-tune: is it quiet when clean?
 )
+# The verdict table's clean runs: the five arena tasks at full size, 3 seeds, at the rate the arena tuned
+# (`plain.best_lr_multiplier` of the committed record) and at twice it, the edge of stability.
+ARENA_TASKS = ("minilm_lora", "minilm_cls", "decoder_lora", "decoder_ft", "clm_stdlib")
+ARENA_SEEDS = (0, 1, 2)
+ARENA_RECORDS = Path("benchmarks/results/arena")
+ARENA_EVAL_POINTS = 4
 SETTINGS = {  # name: SpikeGuardConfig fields
-    "defaults (z 6, rise 0.5, 0.2 after a spike)": {},
-    "rise 0.2 (the first rule)": {"min_rise": 0.2},
-    "rise 0.5 always": {"min_rise_after_spike": 0.5},
-    "z 8, rise 0.2": {"max_z": 8.0, "min_rise": 0.2},
-    "z 10, rise 0.5": {"max_z": 10.0},
+    "patience 1 (restore at once)": {"patience": 1},
+    "patience 2 (the default)": {},
+    "patience 4": {"patience": 4},
+    "patience 6": {"patience": 6},
+    "patience 2, rise 0.2": {"min_rise": 0.2},
 }
 
 
 class LossTrace(TrainerCallback):
-    """Records the loss `training_step` returns, every step (gradient accumulation 1 in the presets)."""
+    """Records the loss `training_step` returns and the gradient norm, every step (gradient accumulation
+    1 in the presets)."""
 
     def __init__(self) -> None:
         self.trainer: Trainer | None = None
         self.losses: list[float] = []
+        self.grad_norms: list[float | None] = []
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        original = self.trainer.training_step
+        trainer = self.trainer
+        original, original_norm = trainer.training_step, trainer._get_grad_norm
 
         def training_step(trainer: Trainer, model: Any, inputs: Any, num_items: Any = None) -> torch.Tensor:
             loss = original(model, inputs, num_items)
             self.losses.append(float(loss.detach()))
             return loss
 
-        self.trainer.training_step = types.MethodType(training_step, self.trainer)
+        def get_grad_norm(trainer: Trainer, model: Any, grad_norm: Any = None) -> Any:
+            grad_norm = original_norm(model, grad_norm=grad_norm)
+            self.grad_norms.append(None if grad_norm is None else float(grad_norm))
+            return grad_norm
+
+        trainer.training_step = types.MethodType(training_step, trainer)
+        trainer._get_grad_norm = types.MethodType(get_grad_norm, trainer)
 
 
-def record(task_name: str, size: str, fault: str, seed: int) -> dict[str, Any]:
+def tuned_multiplier(task_name: str) -> float:
+    """The rate multiplier the arena's committed record tuned for the task (`plain.best_lr_multiplier`)."""
+    record = json.loads((ARENA_RECORDS / task_name / "results.json").read_text())
+    return float(record["plain"]["best_lr_multiplier"])
+
+
+def record(task_name: str, size: str, fault: str, seed: int, lr_multiplier: float = 1.0) -> dict[str, Any]:
+    """One plain run's trace. The arena's runs evaluate 4 times (evaluation moves the random state, so
+    the trajectory depends on it): those traces do too, and end at the arena record's eval loss."""
     task = get_task(task_name).bench_task(size)
     method = parse_method("plain")
     runner = method if fault == "clean" else Faulted(method, fault)
     trace = LossTrace()
     result = run_trial(
-        task, runner, learning_rate=task.learning_rate, seed=seed, steps=task.max_steps, eval_points=1,
-        callbacks=[trace],
+        task, runner, learning_rate=task.learning_rate * lr_multiplier, seed=seed, steps=task.max_steps,
+        eval_points=1 if lr_multiplier == 1.0 else ARENA_EVAL_POINTS, callbacks=[trace],
     )  # fmt: skip
     start = None if fault == "clean" else fault_window(fault, task.max_steps).start
     return {
         "task": task_name, "size": size, "fault": fault, "seed": seed, "fault_start": start,
-        "eval_loss": result.eval_loss, "losses": trace.losses,
+        "lr_multiplier": lr_multiplier, "learning_rate": task.learning_rate * lr_multiplier,
+        "eval_loss": result.eval_loss, "losses": trace.losses, "grad_norms": trace.grad_norms,
     }  # fmt: skip
 
 
-def replay(losses: list[float], fields: dict[str, Any]) -> list[int]:
-    """The 0-based steps at which the detector fires (a firing step stays out of its window, and the
-    next step is judged as one after a spike, as the guard does after a skipped batch)."""
-    detector = SpikeDetector(SpikeGuardConfig(**fields))
+def wanted_traces() -> list[tuple[str, str, str, int, float]]:
+    """(task, size, fault, seed, rate multiplier) of every trace the replay reads, in recording order."""
+    wanted = [
+        (task, size, fault, seed, 1.0)
+        for task, size, clean_seeds, fault_seeds in TRACES
+        for fault, seed in [("clean", s) for s in clean_seeds] + [(f, s) for f in FAULTS for s in fault_seeds]
+    ]
+    for task in ARENA_TASKS:
+        tuned = tuned_multiplier(task)
+        wanted += [(task, "full", "clean", seed, m) for seed in ARENA_SEEDS for m in (tuned, 2 * tuned)]
+    return wanted
+
+
+def trace_key(trace: dict[str, Any]) -> tuple[str, str, str, int, float]:
+    return trace["task"], trace["size"], trace["fault"], trace["seed"], trace.get("lr_multiplier", 1.0)
+
+
+def detector_fires(trace: dict[str, Any]) -> list[int]:
+    """The 1-based steps at which the guard's detector fires when every step is applied (as a plain run
+    applies them): a sudden spike, or a lasting shift whose own step is up too, as the guard judges."""
+    detector = SpikeDetector(SpikeGuardConfig())
     fired: list[int] = []
-    for step, loss in enumerate(losses):
-        if detector.spike(loss, None, after_spike=bool(fired) and fired[-1] == step - 1) is not None:
+    for step, (loss, grad_norm) in enumerate(_steps(trace), start=1):
+        lasting = detector.lasting(loss)
+        if lasting and not detector.elevated(loss):
+            lasting = None
+        after_spike = bool(fired) and fired[-1] == step - 1
+        if lasting or detector.sudden(loss, grad_norm, after_spike):
             fired.append(step)
-            continue
-        detector.add(loss, None)
+        detector.add(loss, grad_norm, step)
     return fired
 
 
+def replay_guard(trace: dict[str, Any], fields: dict[str, Any], blamed: str) -> str:
+    """The shipped `SpikeGuard` over a trace, step by step as the engine drives it, with its second
+    measurement of the suspect batches standing for what it finds when `blamed` is to blame (`data`:
+    the batches are as bad at the trusted weights; `weights`: they are at the recent level there).
+    Returns the skips and the first restore (1-based steps); the trace after a restore is not what the
+    guarded run would have seen, so the replay stops there."""
+    param = torch.nn.Parameter(torch.zeros(1))
+    guard: SpikeGuard
+    measured: dict[str, float] = {}
+
+    def suspect_loss() -> float:
+        return measured["data"] if blamed == DATA else measured["weights"]
+
+    guard = SpikeGuard(
+        torch.optim.SGD([param], lr=0.1), SpikeGuardConfig(**fields), suspect_loss=suspect_loss
+    )
+    skips: list[int] = []
+    for step, (loss, grad_norm) in enumerate(_steps(trace), start=1):
+        measured["data"] = loss
+        if guard.suspect_since is None:  # the trusted weights' loss: the level before the suspicion
+            measured["weights"] = guard.detector.level() if guard.detector.losses else loss
+        alarms = guard.alarms(step, loss, grad_norm)
+        if any(a.skips_step for a in alarms):
+            guard.skipped(step)
+            skips.append(step)
+            continue
+        if any(a.restorable for a in alarms) and guard.can_restore(step, "replay"):
+            return _outcome(skips) + f", restore at {step}"
+        guard.observe(step, loss, grad_norm)
+    return _outcome(skips)
+
+
+def _outcome(skips: list[int]) -> str:
+    return "0" if not skips else f"{len(skips)} skip{'s' if len(skips) > 1 else ''} ({_steps_text(skips)})"
+
+
+def _steps_text(steps: list[int]) -> str:
+    return ", ".join(map(str, steps[:6])) + (", ..." if len(steps) > 6 else "")
+
+
+def _steps(trace: dict[str, Any]) -> list[tuple[float, float | None]]:
+    norms = trace.get("grad_norms") or [None] * len(trace["losses"])
+    return list(zip(trace["losses"], norms, strict=True))
+
+
+def _name(trace: dict[str, Any]) -> str:
+    rate = trace.get("lr_multiplier", 1.0)
+    return f"{trace['task']} ({trace['size']}) lr x{rate:g} {trace['fault']} s{trace['seed']}"
+
+
 def summary(traces: list[dict[str, Any]]) -> str:
+    """One row per trace: where the detector alone fires, then per setting what the guard does (clean
+    traces: if the batches were to blame / if the weights were; faulted: the fault's own culprit)."""
     lines = [
-        "| setting | " + " | ".join(f"{t['task']} {t['fault']} s{t['seed']}" for t in traces) + " |",
-        "|---|" + "---|" * len(traces),
+        "| trace | detector fires at | " + " | ".join(SETTINGS) + " |",
+        "|---|---|" + "---|" * len(SETTINGS),
     ]
-    for name, fields in SETTINGS.items():
+    for trace in traces:
+        fired = detector_fires(trace)
         cells = []
-        for trace in traces:
-            fired = replay(trace["losses"], fields)
+        for fields in SETTINGS.values():
             if trace["fault"] == "clean":
-                cells.append(f"{len(fired)} false" if fired else "0")
+                data, weights = replay_guard(trace, fields, DATA), replay_guard(trace, fields, WEIGHTS)
+                cells.append(data if data == weights else f"data: {data}; weights: {weights}")
             else:
-                window = fault_window(trace["fault"], len(trace["losses"]))
-                after = [s - window.start for s in fired if s >= window.start]
-                before = [s for s in fired if s < window.start]
-                inside = sum(window.covers(s) for s in fired)
-                seen = f"+{after[0]}, {inside}/{window.steps}" if after else "missed"
-                cells.append(seen + (f" ({len(before)} false before)" if before else ""))
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+                blamed = WEIGHTS if trace["fault"] == "lr_burst" else DATA
+                start = fault_window(trace["fault"], len(trace["losses"])).start
+                cells.append(f"{replay_guard(trace, fields, blamed)} (fault from {start + 1})")
+        lines.append(f"| {_name(trace)} | {_steps_text(fired) or '-'} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def clean_table(traces: list[dict[str, Any]]) -> str:
+    """The verdict table's clean runs under the shipped settings: per task and rate, per seed, what the
+    guard does (whichever the second measurement blames) and where the detector alone fired."""
+    arena = [t for t in traces if t["fault"] == "clean" and t.get("lr_multiplier", 1.0) != 1.0]
+    lines = ["| task | lr | seed 0 | seed 1 | seed 2 |", "|---|---|---|---|---|"]
+    for task in ARENA_TASKS:
+        tuned = tuned_multiplier(task)
+        for multiplier, label in ((tuned, "tuned"), (2 * tuned, "x2")):
+            cells = []
+            for seed in ARENA_SEEDS:
+                trace = next(
+                    (t for t in arena if trace_key(t) == (task, "full", "clean", seed, multiplier)), None
+                )
+                if trace is None:
+                    cells.append("not recorded")
+                    continue
+                outcomes = {replay_guard(trace, {}, DATA), replay_guard(trace, {}, WEIGHTS)}
+                acted = " / ".join(sorted(outcomes))
+                fired = detector_fires(trace)
+                where = f" (fired at {_steps_text(fired)})" if fired else ""
+                cells.append(("0 actions" if outcomes == {"0"} else acted) + where)
+            rate = get_task(task).learning_rate * multiplier
+            lines.append(f"| `{task}` | {label} ({rate:g}) | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -120,18 +240,20 @@ def main() -> None:
     torch.set_num_threads(1)
     out = Path(args.out)
     traces = json.loads(out.read_text()) if out.is_file() else []
-    done = {(t["task"], t["fault"], t["seed"]) for t in traces}
+    done = {trace_key(t) for t in traces}
     if not args.replay_only:
-        for task_name, size, clean_seeds, fault_seeds in TRACES:
-            wanted = [("clean", s) for s in clean_seeds] + [(f, s) for f in FAULTS for s in fault_seeds]
-            for fault, seed in wanted:
-                if (task_name, fault, seed) in done:
-                    continue
-                traces.append(record(task_name, size, fault, seed))
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(json.dumps(traces) + "\n")
-                print(f"{task_name} {fault} seed {seed}: {len(traces[-1]['losses'])} steps", flush=True)
-    table = summary(traces)
+        for task_name, size, fault, seed, multiplier in wanted_traces():
+            if (task_name, size, fault, seed, multiplier) in done:
+                continue
+            traces.append(record(task_name, size, fault, seed, multiplier))
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(traces) + "\n")
+            print(
+                f"{task_name} x{multiplier:g} {fault} seed {seed}: {len(traces[-1]['losses'])} steps, "
+                f"eval loss {traces[-1]['eval_loss']:.4f}",
+                flush=True,
+            )
+    table = clean_table(traces) + "\n\n" + summary(traces)
     out.with_suffix(".md").write_text(table + "\n")
     print(table)
 

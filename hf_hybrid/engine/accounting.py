@@ -24,6 +24,7 @@ EVENTS = (
     "refused_updates",
     "predictor_errors",
     "nonfinite_real_steps",
+    "skipped_updates",
     "clipped_tensors",
     "probe_evaluations",
 )

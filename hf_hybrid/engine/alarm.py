@@ -29,13 +29,15 @@ class Alarm:
     """One thing that went wrong. `blames_weights=False` for failures that say nothing about the
     parameters (a predictor that crashed while only being scored): they never cause a rollback.
     `restorable`: a loss spike the spike guard can undo by restoring its last trusted copy;
-    `skips_step`: a sudden spike blamed on the batch, whose update is not applied."""
+    `skips_step`: the step's update must not be applied (a non-finite gradient, or a spike blamed on the
+    batch); `spike`: raised by the spike guard (its skips are counted as the guard's)."""
 
     level: DivergenceLevel
     reason: str
     blames_weights: bool = True
     restorable: bool = False
     skips_step: bool = False
+    spike: bool = False
 
 
 def worst_level(alarms: Iterable[Alarm]) -> DivergenceLevel:
@@ -46,4 +48,4 @@ def nonfinite_step(loss: float | None, grad_norm: float | None) -> Alarm | None:
     """A real step whose loss or gradient norm is missing or not finite: its gradient is unusable."""
     if loss is not None and math.isfinite(loss) and (grad_norm is None or math.isfinite(grad_norm)):
         return None
-    return Alarm(DivergenceLevel.CRITICAL, f"{NONFINITE_STEP} ({loss}, {grad_norm})")
+    return Alarm(DivergenceLevel.CRITICAL, f"{NONFINITE_STEP} ({loss}, {grad_norm})", skips_step=True)

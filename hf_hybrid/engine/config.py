@@ -17,13 +17,18 @@ from .validation import ConfigError, check_bool, check_choice, check_float, chec
 
 SNAPSHOT_DEVICES = ("same", "cpu")
 GUARD_DEVICES = ("cpu", "same")
+GUARD_STORAGES = ("host", "weights", "checkpoint", "none")
 SPIKE_GUARD_OFF: dict[str, Any] = {
     "spike_guard": False,
     "restores": 0,
     "spike_skipped_steps": 0,
     "restore_steps": [],
     "skips": 0,
+    "skip_steps": [],
     "spike_guard_bytes": 0,
+    "spike_guard_storage": None,
+    "blamed_data": 0,
+    "blamed_weights": 0,
 }  # a run's spike-guard stats when it is off
 MAX_SEED = 2**63 - 1
 
@@ -128,7 +133,13 @@ class SpikeGuardConfig:
     MiniLM-LoRA batch came 39% and 6 noise units above the level), while a fault's first step is not
     (random text, shuffled labels and an lr burst raised it 53-100% on the bench tasks) and its later
     steps, once one was caught, may rise less (shuffled labels on the GPT-2: +53%, then +34%):
-    `benchmarks/experiments/spike_replay.py`."""
+    `benchmarks/experiments/spike_replay.py`.
+
+    `patience`: firing steps blamed on the weights before a restore (and quiet steps that end the
+    suspicion: the loss came back by itself). `storage`: where the copies live: `host` (weights and
+    optimizer state on `device`), `weights` (weights only; a restore resets the optimizer's state),
+    `checkpoint` (the last checkpoint the caller saved; the caller supplies the copies) or `none` (no
+    copy: bad batches are skipped, nothing is restored)."""
 
     enabled: bool = True
     every: int = 10
@@ -142,6 +153,8 @@ class SpikeGuardConfig:
     history: int = 50
     min_history: int = 20
     device: str = "cpu"
+    patience: int = 2
+    storage: str = "host"
 
     def __post_init__(self) -> None:
         check_bool("enabled", self.enabled)
@@ -156,3 +169,5 @@ class SpikeGuardConfig:
         check_int("history", self.history, 2, 1_000_000)
         check_int("min_history", self.min_history, 2, self.history, "an integer in [2, `history`]")
         check_choice("device", self.device, GUARD_DEVICES)
+        check_int("patience", self.patience, 1, 1_000_000)
+        check_choice("storage", self.storage, GUARD_STORAGES)

@@ -38,7 +38,7 @@ from .persistence import engine_state, load_engine_state
 from .phases import Phase, PhaseController
 from .predict_phase import PhaseEnd, PredictPhase, PredictPhases
 from .predictor import DeltaPredictor, resolve_predictor_name
-from .recovery import RecoveryAction, choose_action, describe
+from .recovery import RecoveryAction, applies_update, choose_action, describe
 from .residuals import Corrector, ResidualStore
 from .sharding import ShardGroup, local
 from .spike_guard import SpikeGuard
@@ -60,6 +60,8 @@ LOGGED_STATS = (
     "compute_saved_fraction",
     "rollbacks",
     "restores",
+    "skips",
+    "skipped_updates",
     "predictor_bytes",
     "engine_bytes",
 )
@@ -218,19 +220,19 @@ class HybridEngine:
                 loss, grad_norm, self.losses.forecast_error(loss) if finite else None
             )
         steps_ahead, self.steps_since_real = self.steps_since_real + 1, 0
-        if not finite:  # the gradient is unusable: the step is not applied
-            if not skip_nonfinite:  # a GradScaler must still see it (it skips non-finite steps itself)
+        guarded = finite and phase is not Phase.CORRECT  # inside a predict phase a spike is the phase's
+        if guarded:
+            with self.timer.part("spike_guard"):
+                alarms += self.spike_guard.alarms(self.step_number, loss, grad_norm, can_skip=skip_nonfinite)
+        if not applies_update(alarms):  # the recovery rule's SKIP (or a rollback of the open phase)
+            if not finite and not skip_nonfinite:  # a GradScaler must see it (it skips it itself)
                 self.learner.real_update(optimizer_step)
             return self._outcome(phase, loss, False, alarms, self._recover(alarms, phase))
-        if phase is not Phase.CORRECT:  # inside a predict phase, a spike is the phase's to roll back
-            alarms += self.spike_guard.alarms(loss, grad_norm, can_skip=skip_nonfinite)
-            if any(a.skips_step for a in alarms):  # a bad batch: its update is not applied
-                self.spike_guard.skipped(self.step_number)
-                return self._outcome(phase, loss, False, alarms, self._recover(alarms, phase))
+        if guarded:
             with self.timer.part("decide"):
                 self.wakefulness.update(self.confidence, self.step_number)
-        # A finite step always reaches the optimizer, as in the plain Trainer; a rollback decided below
-        # then restores the snapshot, so a rolled-back step ends exactly where its phase began.
+        # A step that may be applied always reaches the optimizer, as in the plain Trainer; a rollback or
+        # restore decided below then puts back the snapshot or the trusted copy.
         look = not self.wakefulness.skips_look(phase, self.controller.steps_decided, self.confidence)
         step, losses = self.controller.steps_decided, (loss, self.losses.predicted)
         residual, alarm = self.learner.learn(optimizer_step, look, phase, step, steps_ahead, losses)
@@ -239,9 +241,9 @@ class HybridEngine:
         with self.timer.part("loss_forecaster"):
             self.losses.measure(loss, record.learning_rate, grad_norm, phase.index)
         action = self._recover(alarms, phase)
-        if phase is not Phase.CORRECT and action is not RecoveryAction.RESTORE:
+        if guarded and action is not RecoveryAction.RESTORE:
             with self.timer.part("spike_guard"):  # a copy is due every `every` clean steps
-                self.spike_guard.observe(self.step_number, loss, grad_norm, applied=True)
+                self.spike_guard.observe(self.step_number, loss, grad_norm)
         if phase is Phase.CORRECT and self.phase is not None:
             skill = 0.0 if residual is None else residual.skill(self.corrector.scale)
             # a phase validated under a CAUTION keeps the halved cap instead of widening it again
@@ -291,6 +293,11 @@ class HybridEngine:
                 self._force_full()
             elif action is RecoveryAction.RESTORE:
                 self._restore(alarms)
+            elif action is RecoveryAction.SKIP:
+                if any(a.spike for a in alarms):
+                    self.spike_guard.skipped(self.step_number)
+                self.counters.add("skipped_updates")
+                self._force_full()
             elif action is RecoveryAction.FORCE_FULL:
                 if self.phase is not None:
                     self.phases.end(PhaseEnd.ABANDONED)
@@ -309,7 +316,6 @@ class HybridEngine:
             self.spike_guard.restore(self.step_number, _spikes(alarms))
             self.watch.reset_to({name: local(p).detach() for name, p in self.params.items()})
             self.watch.reset()
-        self.counters.add("restores")
         self._force_full()
 
     def _force_full(self) -> None:

@@ -27,6 +27,8 @@ def engine_state(engine: HybridEngine) -> dict[str, Any]:
     """Everything needed to continue exactly, mid-phase included (tensors and plain values)."""
     if engine.plan is not None:
         raise RuntimeError("cannot save the engine in the middle of an optimizer step")
+    # the spike guard's copies start again from the state being saved, as a resumed run's do
+    engine.spike_guard.rebase(engine.step_number)
     return {
         "format_version": FORMAT_VERSION,
         "config": engine.config.fingerprint(),

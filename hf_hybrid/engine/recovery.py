@@ -11,11 +11,15 @@ cannot disagree with what happened.
     WARNING or CRITICAL          -> ROLLBACK when a predict phase is open, an alarm blames its weights,
                                     a snapshot exists and rollback is enabled;
                                     RESTORE when no phase is open, an alarm is a loss spike and the spike
-                                    guard can restore (a trusted copy, under its cap); FORCE_FULL otherwise.
+                                    guard can restore (a trusted copy, under its cap);
+                                    SKIP when an alarm says the step's update must not be applied (a
+                                    non-finite gradient, a spike blamed on the batch); FORCE_FULL otherwise.
 ROLLBACK restores the phase's snapshot and also forces FULL steps; RESTORE puts back the spike guard's
 trusted copy of the weights and optimizer state (the batches since are skipped) and forces FULL steps;
+SKIP leaves the weights and the optimizer state as they were before the step and forces FULL steps;
 FORCE_FULL ends an open phase as failed (without touching the weights) and trains FULL for the
-schedule's `full_steps`.
+schedule's `full_steps`. Whether a real step's update is applied at all is `applies_update`, read off
+the same alarms before the optimizer runs: every action above that skips an update is decided here.
 """
 
 from __future__ import annotations
@@ -25,7 +29,15 @@ from enum import Enum
 
 from .alarm import NONFINITE_STEP, Alarm, DivergenceLevel, worst_level
 
-__all__ = ["NONFINITE_STEP", "Alarm", "RecoveryAction", "choose_action", "describe", "worst_level"]
+__all__ = [
+    "NONFINITE_STEP",
+    "Alarm",
+    "RecoveryAction",
+    "applies_update",
+    "choose_action",
+    "describe",
+    "worst_level",
+]
 
 
 class RecoveryAction(str, Enum):
@@ -33,6 +45,7 @@ class RecoveryAction(str, Enum):
 
     CONTINUE = "continue"
     SHORTEN_HORIZON = "shorten_horizon"
+    SKIP = "skip"
     FORCE_FULL = "force_full"
     ROLLBACK = "rollback"
     RESTORE = "restore"
@@ -55,10 +68,17 @@ def choose_action(
             return RecoveryAction.ROLLBACK
         if not phase_open and any(a.restorable for a in alarms) and can_restore():
             return RecoveryAction.RESTORE
+        if not applies_update(alarms):
+            return RecoveryAction.SKIP
         return RecoveryAction.FORCE_FULL
     if level is DivergenceLevel.CAUTION:
         return RecoveryAction.SHORTEN_HORIZON
     return RecoveryAction.CONTINUE
+
+
+def applies_update(alarms: Iterable[Alarm]) -> bool:
+    """Whether a real step's update may reach the weights: not when any alarm skips the step."""
+    return not any(a.skips_step for a in alarms)
 
 
 def describe(
@@ -72,13 +92,14 @@ def describe(
         RecoveryAction.CONTINUE: "carried on",
         RecoveryAction.ROLLBACK: f"rolled back to the start of the predict phase, then {full}",
         RecoveryAction.RESTORE: f"restored the spike guard's last trusted copy, then {full}",
+        RecoveryAction.SKIP: f"skipped the optimizer step (weights, optimizer state unchanged), then {full}",
         RecoveryAction.FORCE_FULL: f"ended the predict phase, then {full}"
         if ended_phase
         else f"{full} before the next predict phase",
         RecoveryAction.SHORTEN_HORIZON: "halved the predict horizon",
     }[action]
-    skipped = any(a.reason.startswith(NONFINITE_STEP) or a.skips_step for a in alarms)
-    if skipped:
+    skipped = not applies_update(alarms)
+    if skipped and action is not RecoveryAction.SKIP:
         done = "skipped the optimizer step; " + done
     notable = (
         action in (RecoveryAction.ROLLBACK, RecoveryAction.RESTORE)

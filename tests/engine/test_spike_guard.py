@@ -1,17 +1,24 @@
-"""The spike guard in a plain PyTorch loop: copies, trust, restore, cap, and a clean run left untouched."""
+"""The spike guard in a plain PyTorch loop, through `HybridEngine` (the path that ships): a clean run
+left untouched, bad batches skipped, damaged weights restored after patience, copies, cap, resume."""
 
 from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 
 import pytest
 import torch
 
-from hf_hybrid.engine.spike_guard import SpikeGuard, SpikeGuardConfig
+from hf_hybrid.engine.config import EngineConfig, SpikeGuardConfig
+from hf_hybrid.engine.engine import HybridEngine, StepRecord
+from hf_hybrid.engine.phases import PhaseSchedule
+from hf_hybrid.engine.recovery import RecoveryAction
+from hf_hybrid.engine.spike_guard import BLAME_AFTER, MAX_SKIPS, SpikeGuard
 from hf_hybrid.engine.validation import ConfigError
 
 STEPS = 120
+NEVER_PREDICT = EngineConfig(schedule=PhaseSchedule(confidence_threshold=1.0))
 
 
 def _data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -20,217 +27,238 @@ def _data() -> tuple[torch.Tensor, torch.Tensor]:
     return x, x @ torch.randn(8, 1, generator=g) + 0.1 * torch.randn(1024, 1, generator=g)
 
 
-def _train(
-    guard_config: SpikeGuardConfig | None, burst: range = range(0), on_restore: list[int] | None = None
-) -> tuple[torch.nn.Module, SpikeGuard | None]:
-    """A small MLP regression with AdamW at lr 1e-2; the learning rate x100 in the `burst` steps (1-based)."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    guard = None if guard_config is None else SpikeGuard(optimizer, guard_config)
-    x, y = _data()
-    for step in range(1, STEPS + 1):
-        batch = torch.arange(step * 32, step * 32 + 32) % 512
-        loss = torch.nn.functional.mse_loss(model(x[batch]), y[batch])
-        optimizer.zero_grad()
-        loss.backward()
-        grad_norm = float(torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]))
-        for group in optimizer.param_groups:
-            group["lr"] = 1.0 if step in burst else 1e-2
-        optimizer.step()
-        restored = guard is not None and guard.after_step(step, float(loss.detach()), grad_norm, applied=True)
-        if restored and on_restore is not None:
-            on_restore.append(step)
-    return model, guard
+class Loop:
+    """A small MLP regression with AdamW at lr 1e-2, every step through the engine; the learning rate
+    x100 in the `burst` steps, random targets x10 in the `garbage` steps (1-based)."""
 
+    def __init__(self, guard: SpikeGuardConfig | None, blame: bool = True) -> None:
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
+        self.x, self.y = _data()
+        self.batches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.guard = None
+        if guard is not None:
+            measure = self.suspect_loss if blame else None
+            self.guard = SpikeGuard(self.optimizer, guard, suspect_loss=measure)
+        params = dict(self.model.named_parameters())
+        self.engine = HybridEngine(params, NEVER_PREDICT, self.optimizer, spike_guard=self.guard)
+        self.actions: dict[int, RecoveryAction] = {}
+        self.before: dict[int, tuple[list[torch.Tensor], dict]] = {}  # state before each step
+        self.after: dict[int, tuple[list[torch.Tensor], dict]] = {}  # state after each step
 
-def _eval(model: torch.nn.Module) -> float:
-    x, y = _data()
-    with torch.no_grad():
-        return float(torch.nn.functional.mse_loss(model(x[512:]), y[512:]))
-
-
-def test_clean_run_is_bit_identical_and_never_restores() -> None:
-    plain, _ = _train(None)
-    guarded, guard = _train(SpikeGuardConfig(every=10))
-    assert guard is not None and guard.stats()["restores"] == 0
-    for a, b in zip(plain.parameters(), guarded.parameters(), strict=True):
-        assert torch.equal(a, b)
-    # it holds two copies of the weights and Adam's two moments (and the step counters)
-    weights = sum(p.numel() * 4 for p in plain.parameters())
-    assert 3 * weights <= guard.stats()["spike_guard_bytes"] // 2 <= 3 * weights + 64
-
-
-def test_lr_burst_is_restored_and_ends_near_the_clean_run() -> None:
-    clean, _ = _train(None)
-    faulted, _ = _train(None, burst=range(80, 83))
-    restored_at: list[int] = []
-    guarded, guard = _train(SpikeGuardConfig(every=10), burst=range(80, 83), on_restore=restored_at)
-    assert guard is not None
-    stats = guard.stats()
-    assert stats["restores"] >= 1 and restored_at == stats["restore_steps"]
-    assert all(81 <= s <= 84 for s in restored_at)
-    assert stats["spike_skipped_steps"] >= len(restored_at)
-    damage = _eval(faulted) - _eval(clean)
-    assert damage > 0.1, "the burst must hurt the unguarded run for this test to mean anything"
-    assert abs(_eval(guarded) - _eval(clean)) < 0.2 * damage
-
-
-def test_restore_returns_weights_and_optimizer_state_of_the_trusted_copy() -> None:
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
-    guard = SpikeGuard(optimizer, SpikeGuardConfig(every=2, trust_after=1))
-    saved = {}
-    for step in range(1, 25):
-        model(torch.randn(8, 4)).pow(2).mean().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        guard.after_step(step, 1.0 + 0.01 * (step % 3), 1.0, applied=True)
-        saved[step] = (copy.deepcopy(list(model.parameters())), copy.deepcopy(optimizer.state_dict()))
-    trusted = guard.trusted.step
-    assert trusted == 22  # copied at 22, trusted after one clean step; the copy at 24 is still pending
-    assert guard.after_step(25, 50.0, 1.0, applied=True)
-    weights, state = saved[trusted]
-    for p, q in zip(model.parameters(), weights, strict=True):
-        assert torch.equal(p, q)
-    now = optimizer.state_dict()["state"]
-    for index, entry in state["state"].items():
-        for key, value in entry.items():
-            assert torch.equal(now[index][key], value), key
-    assert guard.stats()["spike_skipped_steps"] == 25 - trusted
-
-
-def test_a_spike_right_after_a_copy_goes_back_to_the_copy_before_it() -> None:
-    model = torch.nn.Linear(2, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    guard = SpikeGuard(optimizer, SpikeGuardConfig(every=10, trust_after=3))
-    weights = {}
-    for step in range(1, 21):
+    def suspect_loss(self) -> float:
         with torch.no_grad():
-            model.weight.add_(1.0)
-        weights[step] = model.weight.detach().clone()
-        guard.after_step(step, 1.0 + 0.01 * (step % 2), 1.0, applied=True)
-    assert guard.trusted.step == 10 and guard.pending.step == 20
-    assert guard.after_step(21, 100.0, 1.0, applied=True)
-    assert guard.stats()["spike_skipped_steps"] == 11
-    assert torch.equal(model.weight, weights[10])
-    assert guard.pending.step is None
+            return float(self._loss(*self.batches[-1]))
+
+    def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(self.model(x), y)
+
+    def snapshot(self) -> tuple[list[torch.Tensor], dict]:
+        params = [p.detach().clone() for p in self.model.parameters()]
+        return params, copy.deepcopy(self.optimizer.state_dict())
+
+    def run(
+        self,
+        steps: range,
+        burst: range = range(0),
+        garbage: range = range(0),
+        loss_of: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
+        keep: bool = False,
+    ) -> Loop:
+        for step in steps:
+            self.engine.begin_step(step)
+            batch = torch.arange(step * 32, step * 32 + 32) % 512
+            x, y = self.x[batch], self.y[batch]
+            if step in garbage:
+                y = 10 * torch.randn(y.shape, generator=torch.Generator().manual_seed(step))
+            self.batches.append((x, y))
+            loss = self._loss(x, y)
+            if loss_of is not None:
+                loss = loss_of(step, loss)
+            self.optimizer.zero_grad()
+            loss.backward()
+            grad_norm = float(torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters()]))
+            lr = 1.0 if step in burst else 1e-2
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            if keep:
+                self.before[step] = self.snapshot()
+            record = StepRecord(float(loss.detach()), grad_norm, lr)
+            outcome = self.engine.finish_step(record, self.optimizer.step)
+            if keep:
+                self.after[step] = self.snapshot()
+            self.actions[step] = outcome.action
+        return self
+
+    def steps_with(self, action: RecoveryAction) -> list[int]:
+        return [step for step, done in self.actions.items() if done is action]
+
+    def eval(self) -> float:
+        with torch.no_grad():
+            return float(self._loss(self.x[512:], self.y[512:]))
+
+
+def _same(a: tuple[list[torch.Tensor], dict], b: tuple[list[torch.Tensor], dict]) -> bool:
+    """Weights and every optimizer-state tensor bit-identical."""
+    if not all(torch.equal(p, q) for p, q in zip(a[0], b[0], strict=True)):
+        return False
+    sa, sb = a[1]["state"], b[1]["state"]
+    return sa.keys() == sb.keys() and all(
+        sa[i].keys() == sb[i].keys() and all(torch.equal(sa[i][k], sb[i][k]) for k in sa[i]) for i in sa
+    )
+
+
+def test_a_clean_run_is_the_plain_loop_bit_for_bit() -> None:
+    plain = Loop(None).run(range(1, STEPS + 1))
+    guarded = Loop(SpikeGuardConfig(every=10)).run(range(1, STEPS + 1))
+    stats = guarded.engine.stats()
+    assert stats["restores"] == 0 and stats["skips"] == 0 and stats["skipped_updates"] == 0
+    assert set(guarded.actions.values()) == {RecoveryAction.CONTINUE}
+    assert all(
+        torch.equal(a, b) for a, b in zip(plain.model.parameters(), guarded.model.parameters(), strict=True)
+    )
+    # it holds two copies of the weights and Adam's two moments (and the step counters)
+    weights = sum(p.numel() * 4 for p in plain.model.parameters())
+    assert 3 * weights <= stats["spike_guard_bytes"] // 2 <= 3 * weights + 64
+
+
+def test_an_lr_burst_blames_the_weights_waits_then_restores() -> None:
+    clean = Loop(None).run(range(1, STEPS + 1))
+    faulted = Loop(None).run(range(1, STEPS + 1), burst=range(80, 83))
+    loop = Loop(SpikeGuardConfig(every=10)).run(range(1, STEPS + 1), burst=range(80, 83))
+    stats = loop.engine.stats()
+    restored = loop.steps_with(RecoveryAction.RESTORE)
+    assert restored == stats["restore_steps"] and len(restored) >= 1
+    patience = loop.guard.config.patience
+    assert all(81 + patience - 1 <= s <= 84 + patience for s in restored), restored
+    assert stats["blamed_weights"] >= patience and stats["skips"] == 0
+    damage = faulted.eval() - clean.eval()
+    assert damage > 0.1, "the burst must hurt the unguarded run for this test to mean anything"
+    assert abs(loop.eval() - clean.eval()) < 0.2 * damage
+
+
+def test_a_bad_batch_is_blamed_skipped_and_changes_nothing() -> None:
+    loop = Loop(SpikeGuardConfig(every=10)).run(range(1, 101), garbage=range(60, 62), keep=True)
+    assert loop.steps_with(RecoveryAction.SKIP) == [60, 61] == loop.engine.stats()["skip_steps"]
+    assert loop.engine.stats()["blamed_data"] == 2 and loop.engine.stats()["restores"] == 0
+    for step in (60, 61):
+        assert _same(loop.before[step], loop.after[step])
+    assert not _same(loop.before[62], loop.after[62])  # the next, clean step is applied
+
+
+def test_a_restore_puts_back_the_trusted_copy_exactly() -> None:
+    """Weights and every optimizer-state tensor equal the state after the trusted copy's step."""
+    loop = Loop(SpikeGuardConfig(every=10)).run(range(1, 81), keep=True)
+    trusted = loop.guard.trusted.step
+    assert trusted is not None
+    loop.run(range(81, 81 + loop.guard.config.patience), loss_of=lambda s, loss: loss + 50.0, keep=True)
+    (step,) = loop.steps_with(RecoveryAction.RESTORE)
+    assert _same(loop.after[step], loop.after[trusted])
+    assert loop.engine.stats()["spike_skipped_steps"] == step - trusted
+
+
+def test_a_spike_that_comes_back_by_itself_is_left_alone() -> None:
+    """Fewer firing steps than the patience, blamed on the weights: nothing undone, nothing skipped."""
+    loop = Loop(SpikeGuardConfig(every=10))
+    loop.run(range(1, 81))
+    short = range(81, 81 + loop.guard.config.patience - 1)
+    loop.run(range(81, STEPS + 1), loss_of=lambda s, loss: loss + (5.0 if s in short else 0.0))
+    stats = loop.engine.stats()
+    assert stats["blamed_weights"] == len(short) and stats["restores"] == 0 and stats["skips"] == 0
+    assert loop.guard.suspect_since is None  # the suspicion ended
+    assert loop.guard.trusted.step is not None and loop.guard.trusted.step > 81  # copies go on
+
+
+def test_without_a_second_measurement_sudden_spikes_are_the_batches_until_they_repeat() -> None:
+    loop = Loop(SpikeGuardConfig(every=5, trust_after=1), blame=False).run(range(1, 41))
+    loop.run(range(41, 41 + BLAME_AFTER + loop.guard.config.patience + 2), garbage=range(41, 200))
+    skips, restores = loop.steps_with(RecoveryAction.SKIP), loop.steps_with(RecoveryAction.RESTORE)
+    assert skips[:BLAME_AFTER] == list(range(41, 41 + BLAME_AFTER))
+    assert restores == [41 + BLAME_AFTER + loop.guard.config.patience - 1]
+
+
+def test_after_a_restore_spikes_are_bad_batches_up_to_a_cap() -> None:
+    loop = Loop(SpikeGuardConfig(every=5, trust_after=1)).run(range(1, 40))
+    loop.run(range(40, 60), burst=range(40, 41))
+    assert loop.steps_with(RecoveryAction.RESTORE)
+    after = range(60, 60 + MAX_SKIPS + 2)
+    loop.run(after, garbage=after)
+    assert loop.steps_with(RecoveryAction.SKIP) == list(after)[:MAX_SKIPS]  # then the run trains on
 
 
 def test_restores_are_capped_per_window(caplog: pytest.LogCaptureFixture) -> None:
-    model = torch.nn.Linear(2, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    guard = SpikeGuard(optimizer, SpikeGuardConfig(every=5, trust_after=1, max_restores=2, window=100))
-    for step in range(1, 31):
-        guard.after_step(step, 1.0 + 0.01 * (step % 2), 1.0, applied=True)
-    with caplog.at_level(logging.WARNING, logger="hf_hybrid.engine.spike_guard"):
-        restored = [guard.after_step(step, 100.0, 1.0, applied=True) for step in (31, 32, 33, 34)]
-    assert restored == [True, True, False, False]
-    assert sum("stops restoring" in r.message for r in caplog.records) == 1
+    guard = SpikeGuardConfig(every=5, trust_after=1, max_restores=1, window=1000, patience=1)
+    loop = Loop(guard).run(range(1, 41))
+    with caplog.at_level(logging.WARNING, logger="hf_hybrid"):
+        loop.run(range(41, 61), burst=range(40, 60))
+    assert len(loop.steps_with(RecoveryAction.RESTORE)) == 1
+    assert sum("stops restoring" in r.message for r in caplog.records) >= 1
 
 
-def test_no_copy_no_restore_and_non_finite_steps_are_not_spikes() -> None:
-    optimizer = torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
-    guard = SpikeGuard(optimizer, SpikeGuardConfig(every=50))
-    for step in range(1, 21):
-        guard.after_step(step, 1.0 + 0.01 * (step % 2), 1.0, applied=True)
-    assert not guard.after_step(21, 100.0, 1.0, applied=True)  # nothing trusted to go back to yet
-    assert not guard.after_step(22, float("nan"), 1.0, applied=False)
-    assert not guard.after_step(23, 1.0, float("inf"), applied=False)  # a GradScaler's own skip
-    assert guard.stats()["restores"] == 0
+def test_non_finite_steps_are_skipped_by_the_rule_and_are_not_spikes() -> None:
+    loop = Loop(SpikeGuardConfig(every=10)).run(range(1, 41))
+    nan = float("nan")
+    loop.run(range(41, 43), loss_of=lambda step, loss: loss * nan, keep=True)
+    assert loop.steps_with(RecoveryAction.SKIP) == [41, 42]
+    stats = loop.engine.stats()
+    assert stats["skips"] == 0 and stats["skipped_updates"] == 2 and stats["nonfinite_real_steps"] == 2
+    assert all(_same(loop.before[s], loop.after[s]) for s in (41, 42))
 
 
-def test_state_dict_round_trip_keeps_counters_statistics_and_copies() -> None:
-    """A resumed guard restores what the uninterrupted one would: its copies travel with its state."""
-    model, guard = _train(SpikeGuardConfig(every=10), burst=range(80, 83))
-    assert guard is not None
-    twin = copy.deepcopy(model)
-    twin_optimizer = torch.optim.AdamW(twin.parameters(), lr=1e-2)
-    twin_optimizer.load_state_dict(guard.optimizer.state_dict())
-    fresh = SpikeGuard(twin_optimizer, guard.config)
-    fresh.load_state_dict(copy.deepcopy(guard.state_dict()))
-    assert fresh.stats() == guard.stats() and fresh.stats()["restores"] >= 1
-    assert fresh.detector.state_dict() == guard.detector.state_dict()
-    assert fresh.trusted.step == guard.trusted.step is not None
-    guard.restore(STEPS + 1, "test")
-    fresh.restore(STEPS + 1, "test")
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters(), strict=True))
-    moments = [guard.optimizer.state[p]["exp_avg"] for p in model.parameters()]
-    twins = [twin_optimizer.state[q]["exp_avg"] for q in twin.parameters()]
-    assert all(torch.equal(a, b) for a, b in zip(twins, moments, strict=True))
+def test_weights_only_copies_reset_the_optimizer_state_on_a_restore() -> None:
+    loop = Loop(SpikeGuardConfig(every=10, storage="weights")).run(range(1, 81), keep=True)
+    trusted = loop.guard.trusted.step
+    loop.run(range(81, 81 + loop.guard.config.patience), loss_of=lambda s, loss: loss + 50.0, keep=True)
+    (step,) = loop.steps_with(RecoveryAction.RESTORE)
+    weights, state = loop.after[step]
+    assert all(torch.equal(p, q) for p, q in zip(weights, loop.after[trusted][0], strict=True))
+    assert state["state"] == {}  # Adam starts its moments again
+    weights_bytes = sum(p.numel() * 4 for p in loop.model.parameters())
+    assert loop.engine.stats()["spike_guard_bytes"] == 2 * weights_bytes
+
+
+def test_storage_none_only_skips() -> None:
+    loop = Loop(SpikeGuardConfig(every=10, storage="none")).run(range(1, 81))
+    loop.run(range(81, 90), burst=range(80, 81), garbage=range(85, 86))
+    stats = loop.engine.stats()
+    assert stats["restores"] == 0 and stats["spike_guard_bytes"] == 0
+    assert 85 in stats["skip_steps"]
+
+
+def test_a_resumed_engine_decides_what_the_uninterrupted_one_does() -> None:
+    """Saving the engine rebases the guard's copies on the saved state, so a resumed run, which copies
+    that state again, restores what the uninterrupted run restores (and no copy is in the saved state)."""
+    whole = Loop(SpikeGuardConfig(every=10))
+    whole.run(range(1, 61))
+    saved = (copy.deepcopy(whole.model.state_dict()), copy.deepcopy(whole.optimizer.state_dict()))
+    state = whole.engine.state_dict()
+    assert not any(torch.is_tensor(v) for v in state["spike_guard"].values())
+    whole.run(range(61, STEPS + 1), burst=range(70, 73))
+    resumed = Loop(SpikeGuardConfig(every=10))
+    resumed.model.load_state_dict(saved[0])
+    resumed.optimizer.load_state_dict(saved[1])
+    resumed.engine.load_state_dict(copy.deepcopy(state))
+    resumed.batches = list(whole.batches[:60])
+    resumed.run(range(61, STEPS + 1), burst=range(70, 73))
+    assert whole.engine.stats()["restore_steps"] == resumed.engine.stats()["restore_steps"] != []
+    assert all(
+        torch.equal(a, b) for a, b in zip(whole.model.parameters(), resumed.model.parameters(), strict=True)
+    )
 
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("every", 0), ("max_restores", -1), ("device", "gpu"), ("min_rise", float("nan")), ("min_history", 60)],
+    [
+        ("every", 0),
+        ("max_restores", -1),
+        ("device", "gpu"),
+        ("min_rise", float("nan")),
+        ("min_history", 60),
+        ("patience", 0),
+        ("storage", "disk"),
+    ],
 )
 def test_bad_config_names_the_field(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=f"`{field}` must be"):
         SpikeGuardConfig(**{field: value})
-
-
-def test_a_sudden_spike_skips_the_batch_and_a_second_one_blames_the_weights() -> None:
-    from hf_hybrid.engine.spike_guard import BLAME_AFTER, MAX_SKIPS
-
-    model = torch.nn.Linear(2, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    guard = SpikeGuard(optimizer, SpikeGuardConfig(every=5, trust_after=1))
-    for step in range(1, 31):
-        guard.after_step(step, 1.0 + 0.01 * (step % 2), 1.0, applied=True)
-    assert guard.alarms(1.0, 1.0) == []
-    for step in range(31, 31 + BLAME_AFTER):  # bad batches, skipped
-        (alarm,) = guard.alarms(100.0, 1.0)
-        assert alarm.skips_step and not alarm.restorable and not alarm.blames_weights
-        guard.skipped(step)
-    (second,) = guard.alarms(100.0, 1.0)  # the same weights kept spiking: they are to blame
-    assert second.restorable and not second.skips_step
-    assert not guard.alarms(100.0, 1.0, can_skip=False)[0].skips_step  # a GradScaler sees every step
-    guard.restore(36, second.reason)
-    for step in range(37, 37 + MAX_SKIPS):  # a trusted copy now: spikes are bad batches again
-        (alarm,) = guard.alarms(100.0, 1.0)
-        assert alarm.skips_step
-        guard.skipped(step)
-    assert guard.alarms(100.0, 1.0) == []  # the data changed: the run trains on
-    stats = guard.stats()
-    assert stats["skips"] == BLAME_AFTER + MAX_SKIPS and stats["restore_steps"] == [36]
-    guard.observe(50, 1.0, 1.0, applied=True)
-    assert guard.skips_in_a_row == 0 and not guard.restored_since_update
-
-
-def _steady_guard(steps: int = 30) -> SpikeGuard:
-    """A guard whose window holds `steps` losses of 1.0 +- 0.01, copies every 5 steps, trusted after 1."""
-    model = torch.nn.Linear(2, 1)
-    guard = SpikeGuard(torch.optim.SGD(model.parameters(), lr=0.1), SpikeGuardConfig(every=5, trust_after=1))
-    for step in range(1, steps + 1):
-        guard.after_step(step, 1.0 + 0.01 * (step % 2), 1.0, applied=True)
-    return guard
-
-
-def test_a_moderate_rise_counts_only_right_after_a_spike() -> None:
-    """40% above the level is a heavy-tailed batch on its own (no alarm), but a spike's next step."""
-    guard = _steady_guard()
-    assert guard.alarms(1.4, 1.0) == []
-    (first,) = guard.alarms(3.0, 1.0)
-    assert first.skips_step
-    guard.skipped(31)
-    (second,) = guard.alarms(1.4, 1.0)
-    assert second.skips_step
-
-
-def test_a_restore_forgets_the_losses_of_the_steps_it_discarded() -> None:
-    """The losses after the restored copy were the spike's: left in the window they would read as a
-    lasting shift at the next steps and restore again and again."""
-    guard = _steady_guard()
-    assert guard.alarms(1.35, 1.0) == []  # under the one-step bar: applied
-    guard.observe(31, 1.35, 1.0, applied=True)
-    (lasting,) = guard.alarms(1.4, 1.0)  # two of the last three steps up: a lasting shift
-    assert lasting.restorable and "last 3 steps" in lasting.reason
-    trusted = guard.trusted.step
-    guard.restore(32, lasting.reason)
-    assert max(guard.detector.loss_steps) <= trusted and max(guard.detector.losses) < 1.1
-    (after,) = guard.alarms(1.4, 1.0)  # the fault's next step: a bad batch now, not another restore
-    assert after.skips_step and not after.restorable
-    restored = SpikeGuard(guard.optimizer, guard.config)
-    restored.load_state_dict(guard.state_dict())
-    assert list(restored.detector.loss_steps) == list(guard.detector.loss_steps)

@@ -5,10 +5,11 @@ teardown if the test did not). Checked:
 
 * after every optimizer step: every trainable weight is finite; a PREDICT step left the optimizer
   state (moments, step counts) exactly as it was; the recovery action the step reports is the one it
-  performed (rollback: counted, weights exactly back on the phase's snapshot, FULL forced; force_full:
-  FULL forced, nothing rolled back; shorten_horizon: the horizon cap halved; continue: none of these);
-  with the spike guard on, a step it skipped left every trainable weight and the optimizer state exactly
-  as they were, and a restore put back exactly its trusted copy's weights and optimizer state;
+  performed (rollback: counted, weights exactly back on the phase's snapshot, FULL forced; force_full,
+  skip and restore: FULL forced, nothing rolled back; shorten_horizon: the horizon cap halved;
+  continue: none of these); with the spike guard on, a step it skipped left every trainable weight and
+  the optimizer state exactly as they were, and a restore put back exactly its trusted copy's weights and
+  optimizer state;
 * every action other than `continue` was logged once, at its step, as that action, and nothing else was;
 * at the end: frozen weights bit-identical to their start (in the model and in every checkpoint);
   every checkpoint on disk holds only finite weights, hybrid tensors and optimizer state;
@@ -113,6 +114,7 @@ class _Watcher(TrainerCallback):
         expected = {
             "rollback": {"rollbacks": 1, "forced_full": 1},
             "force_full": {"rollbacks": 0, "forced_full": 1},
+            "skip": {"rollbacks": 0, "forced_full": 1},
             "restore": {"rollbacks": 0, "forced_full": 1},
         }.get(action, {"rollbacks": 0, "forced_full": 0})
         problems = [f"{where}: {key} grew by {grew[key]}" for key in grew if grew[key] != expected[key]]

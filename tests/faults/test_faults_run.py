@@ -44,7 +44,9 @@ def _params(model):
 
 @pytest.mark.parametrize("phase", ["predict", "correct"])
 def test_sigkill_at_a_random_step_then_resume(tmp_path, invariants, phase):
-    straight = invariants.watch(hybrid_trainer(tmp_path / "straight", max_steps=40))
+    # saved where the killed run saves: a save rebases the spike guard's copies
+    every_10 = {"save_strategy": "steps", "save_steps": 10}
+    straight = invariants.watch(hybrid_trainer(tmp_path / "straight", max_steps=40, **every_10))
     straight.train()
     candidates = [i for i, row in enumerate(straight.hybrid_timeline) if row["phase"] == phase and i > 10]
     kill_at = random.Random(f"sigkill-{phase}").choice(candidates)
@@ -58,7 +60,7 @@ def test_sigkill_at_a_random_step_then_resume(tmp_path, invariants, phase):
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert not (tmp_path / "result.json").exists()
     assert last_complete_checkpoint(out) == str(out / f"checkpoint-{kill_at // 10 * 10}")
-    resumed = invariants.watch(hybrid_trainer(out, max_steps=40, save_strategy="no"), reference=straight)
+    resumed = invariants.watch(hybrid_trainer(out, max_steps=40, **every_10), reference=straight)
     resumed.train(resume_from_checkpoint=True)
     invariants.verify()
     assert [r["phase"] for r in resumed.hybrid_timeline] == [r["phase"] for r in straight.hybrid_timeline]

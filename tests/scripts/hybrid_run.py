@@ -2,7 +2,7 @@
 
 python hybrid_run.py --out DIR [--resume PATH|last] [--save-every N | --save-at-kinds]
                      [--kill-in-save-at STEP] [--kill-at-step STEP] [--lora] [--accumulation N]
-                     [--spike-guard on|off|auto]
+                     [--spike-guard on|off|auto] [--save-at-steps STEP ...]
                      --result FILE.json
 """
 
@@ -20,6 +20,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -42,12 +43,20 @@ def main() -> None:
     )
     parser.add_argument("--lora", action="store_true")
     parser.add_argument("--accumulation", type=int, default=1)
-    parser.add_argument("--spike-guard", default="off", choices=SPIKE_GUARD_MODES)
+    parser.add_argument("--spike-guard", default="auto", choices=SPIKE_GUARD_MODES)
+    parser.add_argument(
+        "--save-at-steps",
+        type=int,
+        nargs="*",
+        default=[],
+        help="save at these steps too (a resumed run "
+        "saves where the uninterrupted one did: a save rebases the spike guard's copies)",
+    )
     parser.add_argument("--result", required=True)
     opts = parser.parse_args()
 
     model = lora_gpt2() if opts.lora else tiny_gpt2()
-    every = opts.save_every or (10_000 if opts.save_at_kinds else 0)
+    every = opts.save_every or (10_000 if opts.save_at_kinds or opts.save_at_steps else 0)
     save = {"save_strategy": "steps", "save_steps": every} if every else {"save_strategy": "no"}
     trainer = hybrid_trainer(
         opts.out,
@@ -60,6 +69,8 @@ def main() -> None:
     saver = SaveAt(trainer)
     if opts.save_at_kinds:
         trainer.add_callback(saver)
+    if opts.save_at_steps:
+        trainer.add_callback(SaveAtSteps(opts.save_at_steps))
     if opts.kill_in_save_at:
         _kill_inside_save(trainer, opts.kill_in_save_at)
     if opts.kill_at_step:
@@ -82,6 +93,15 @@ def main() -> None:
             }
         )
     )
+
+
+class SaveAtSteps(TrainerCallback):
+    def __init__(self, steps: list[int]) -> None:
+        self.steps = set(steps)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step in self.steps:
+            control.should_save = True
 
 
 def _kill_inside_save(trainer, step: int) -> None:

@@ -1,0 +1,110 @@
+"""Which of the spike guard's storages recovers a full fine-tune best from an lr burst, and at what cost.
+
+A full fine-tune's host copies (weights and Adam's moments, twice) may not fit; the guard then keeps
+weights only (a restore resets the optimizer's moments) or reads the last checkpoint the Trainer saved.
+Each arm trains the task with the fault bench's lr x30 burst at mid-run (`hf_hybrid/bench/faults.py`),
+the checkpoint arm saving every `--save_steps` steps as a user's run would (`hf-hybrid bench --faults`
+cannot: its runs save nothing); the record keeps the final eval loss, the restores, the guard's bytes and
+time share, and the training time:
+
+    python benchmarks/experiments/guard_storage.py --task decoder_ft --seeds 0 \\
+        --out benchmarks/experiments/results/guard_storage.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import Trainer
+from transformers.trainer_utils import SaveStrategy
+
+from hf_hybrid.bench.faults import Faulted
+from hf_hybrid.bench.methods import Method, TrialContext, parse_method
+from hf_hybrid.bench.runner import run_trial
+from hf_hybrid.bench.tasks import get_task
+
+ARMS = {
+    "plain": "plain",
+    "host": "hybrid:spike_guard=on,guard_storage=host",
+    "weights": "hybrid:spike_guard=on,guard_storage=weights",
+    "checkpoint": "hybrid:spike_guard=on,guard_storage=checkpoint",
+}
+
+
+class Saving(Method):
+    """Another method's run that saves a checkpoint every `every` steps (the two newest kept)."""
+
+    def __init__(self, inner: Method, every: int) -> None:
+        super().__init__(inner.spec, {})
+        self.inner, self.every = inner, every
+
+    def build(self, ctx: TrialContext) -> Trainer:
+        trainer = self.inner.build(ctx)
+        trainer.args.save_strategy, trainer.args.save_steps = SaveStrategy.STEPS, self.every
+        trainer.args.save_total_limit = 2
+        return trainer
+
+    def step_counts(self, trainer: Trainer, steps: int) -> dict[str, int]:
+        return self.inner.step_counts(trainer, steps)
+
+
+def run_arm(task_name: str, size: str, arm: str, fault: str, seed: int, save_steps: int) -> dict[str, Any]:
+    task = get_task(task_name).bench_task(size)
+    method: Method = parse_method(ARMS[arm])
+    if arm == "checkpoint":
+        method = Saving(method, save_steps)
+    if fault != "clean":
+        method = Faulted(method, fault)
+    result = run_trial(
+        task, method, learning_rate=task.learning_rate, seed=seed, steps=task.max_steps, eval_points=1
+    )
+    stats = result.stats
+    return {
+        "task": task_name, "size": size, "arm": arm, "fault": fault, "seed": seed,
+        "eval_loss": result.eval_loss, "seconds": result.train_seconds,
+        "restores": stats.get("restores", 0), "restore_steps": stats.get("restore_steps", []),
+        "skips": stats.get("skips", 0), "storage": stats.get("spike_guard_storage"),
+        "spike_guard_bytes": stats.get("spike_guard_bytes", 0),
+        "spike_guard_time_share": stats.get("timing", {}).get("parts", {}).get("spike_guard"),
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default="decoder_ft")
+    parser.add_argument("--size", default="full")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--save_steps", type=int, default=10)
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--out", default="benchmarks/experiments/results/guard_storage.json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    rows = json.loads(out.read_text()) if out.is_file() else []
+    done = {(r["task"], r["arm"], r["fault"], r["seed"]) for r in rows}
+    wanted = [
+        (arm, fault)
+        for arm in args.arms
+        for fault in (("clean", "lr_burst") if arm == "plain" else ("lr_burst",))
+    ]
+    for seed in args.seeds:
+        for arm, fault in wanted:
+            if (args.task, arm, fault, seed) in done:
+                continue
+            rows.append(run_arm(args.task, args.size, arm, fault, seed, args.save_steps))
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(rows, indent=1) + "\n")
+            row = rows[-1]
+            print(
+                f"{args.task} seed {seed} {arm:<10} {fault:<8} eval loss {row['eval_loss']:.4f} "
+                f"restores {row['restore_steps']} bytes {row['spike_guard_bytes']}",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()

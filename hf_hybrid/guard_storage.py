@@ -1,0 +1,110 @@
+"""Where the spike guard's copies live, decided once at the start of training from measured sizes.
+
+Two copies (the trusted one and the next) of what a restore puts back:
+
+- `host`: the trainable weights and the optimizer state (with Adam, three times the fp32 weights each);
+- `weights`: the weights only, a third of that; a restore resets the optimizer's moments;
+- `checkpoint`: nothing in memory; a restore reads the last checkpoint the `Trainer` saved (only when it
+  saves checkpoints), weights and optimizer state, from disk;
+- `none`: no copy; bad batches are still skipped, nothing is restored.
+
+`auto` takes the first of host, weights, checkpoint that fits the budget: by default a fifth of the host
+memory available when training starts (`hybrid_guard_memory_mb` sets it). The order and what each costs
+are measured in `benchmarks/README.md` ("The spike guard").
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+AUTO_BUDGET_SHARE = 0.2  # of the host memory available at the start of training
+MIB = 2**20
+
+
+def available_host_bytes() -> int | None:
+    """Host memory available now (Linux and other POSIX systems), None where it cannot be read."""
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def optimizer_state_bytes(optimizer: Any, params: Iterable[torch.Tensor]) -> int:
+    """The optimizer state's bytes for `params`: counted where it exists, else estimated from the
+    optimizer's kind before its first step (torch's Adam creates its state lazily): 8-bit optimizers
+    keep two bytes per element, Adam-like ones two tensors of the weight's size, others one."""
+    params = list(params)
+    counted = sum(
+        v.numel() * v.element_size()
+        for p in params
+        for v in (optimizer.state.get(p) or {}).values()
+        if torch.is_tensor(v)
+    )
+    if counted:
+        return counted
+    name = type(getattr(optimizer, "optimizer", optimizer)).__name__.lower()
+    elements = sum(p.numel() for p in params)
+    weights = sum(p.numel() * p.element_size() for p in params)
+    if "8bit" in name:
+        return 2 * elements
+    return 2 * weights if any(k in name for k in ("adam", "lamb", "ademamix")) else weights
+
+
+@dataclass(frozen=True)
+class StoragePlan:
+    """The storage chosen, the bytes its copies take in host memory, the budget, and why."""
+
+    storage: str
+    copy_bytes: int
+    budget: int | None
+    reason: str
+
+    def line(self) -> str:
+        """What the start of training says about it."""
+        held = f"{self.copy_bytes / MIB:.1f} MiB of host memory"
+        budget = "no budget" if self.budget is None else f"budget {self.budget / MIB:.0f} MiB"
+        return f"hf_hybrid: spike guard on, copies in {self.storage}: {held} ({budget}); {self.reason}"
+
+
+def choose_storage(
+    requested: str, weights_bytes: int, state_bytes: int, budget: int | None, saves_checkpoints: bool
+) -> StoragePlan:
+    """`requested` (auto, host, weights, checkpoint, none) resolved against the budget; a storage the
+    budget cannot hold falls back to the next one, and the reason says which and why."""
+    sizes = {
+        "host": 2 * (weights_bytes + state_bytes),
+        "weights": 2 * weights_bytes,
+        "checkpoint": 0,
+        "none": 0,
+    }
+    order = ["host", "weights", "checkpoint", "none"]
+    if requested != "auto":
+        order = order[order.index(requested) :]
+    notes: list[str] = []
+    for storage in order:
+        size = sizes[storage]
+        if storage == "checkpoint" and not saves_checkpoints:
+            notes.append("no checkpoint is saved (save_strategy='no') to restore from")
+            continue
+        if budget is not None and size > budget:
+            notes.append(f"{storage} copies ({size / MIB:.1f} MiB) exceed the budget")
+            continue
+        chosen = "as asked" if storage == requested else f"{requested} -> {storage}"
+        reason = chosen + (": " + "; ".join(notes) if notes else "")
+        if storage == "none":
+            reason += "; bad batches are skipped, nothing can be restored"
+        return StoragePlan(storage, size, budget, reason)
+    raise AssertionError("`none` always fits")
+
+
+def memory_budget(megabytes: float | None) -> int | None:
+    """The budget in bytes: `hybrid_guard_memory_mb`, or a share of the available host memory."""
+    if megabytes is not None:
+        return int(megabytes * MIB)
+    available = available_host_bytes()
+    return None if available is None else int(AUTO_BUDGET_SHARE * available)
