@@ -133,7 +133,7 @@ class SpikeGuardConfig:
     MiniLM-LoRA batch came 39% and 6 noise units above the level), while a fault's first step is not
     (random text, shuffled labels and an lr burst raised it 53-100% on the bench tasks) and its later
     steps, once one was caught, may rise less (shuffled labels on the GPT-2: +53%, then +34%):
-    `benchmarks/experiments/spike_replay.py`.
+    `benchmarks/spike_replay.py`.
 
     `patience`: firing steps blamed on the weights before a restore (and quiet steps that end the
     suspicion: the loss came back by itself). `storage`: where the copies live: `host` (weights and

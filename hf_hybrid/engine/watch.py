@@ -4,10 +4,11 @@ predictor's guess of it.
 Scoring — the skill of a guess against the real update of the same step — always runs on a seeded
 sample of the coordinates (`CoordinateSample`): the skill is a ratio of sums over coordinates, so the
 sample estimates it (asleep, on about 0.25% of the coordinates, within 0.01–0.02 of the whole skill on
-the benchmark tasks, 0.11 at worst: `benchmarks/experiments/sampled_skill.py`), at a cost that does not
-grow with the model. A predictor whose guess for a coordinate uses only that coordinate's history
-(`supports_sharding`, for the same reason) gets a twin on the sample, the `scorer`, which guesses there
-what the full-size one guesses (up to rounding); for any other the full-size guess is gathered there.
+the benchmark tasks, 0.11 at worst: `docs/history.md`, "sampled skill"; `tests/engine/test_sample.py`),
+at a cost that does not grow with the model. A predictor whose guess for a coordinate uses only that
+coordinate's history (`supports_sharding`, for the same reason) gets a twin on the sample, the `scorer`,
+which guesses there what the full-size one guesses (up to rounding); for any other the full-size guess
+is gathered there.
 
 Asleep — while the guesses are far from useful — the sampled tracker and the scorer are all the watch
 keeps: no full-size buffer. Awake it adds the full-size predictor, whose guesses the PREDICT steps

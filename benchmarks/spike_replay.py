@@ -8,7 +8,7 @@ batch is); for a faulted trace the first firing and how many of the fault's step
 what it reads: a guarded run that restored would have a different trace after. Traces are kept in
 the JSON, so new settings replay for free (`--replay_only`):
 
-    python benchmarks/experiments/spike_replay.py --out benchmarks/experiments/results/spike_replay.json
+    python benchmarks/spike_replay.py --out benchmarks/results/spike_replay/spike_replay.json
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ def clean_table(traces: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="benchmarks/experiments/results/spike_replay.json")
+    parser.add_argument("--out", default="benchmarks/results/spike_replay/spike_replay.json")
     parser.add_argument("--replay_only", action="store_true", help="replay the recorded traces, train none")
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -7,8 +7,8 @@ the checkpoint arm saving every `--save_steps` steps as a user's run would (`hf-
 cannot: its runs save nothing); the record keeps the final eval loss, the restores, the guard's bytes and
 time share, and the training time:
 
-    python benchmarks/experiments/guard_storage.py --task decoder_ft --seeds 0 \\
-        --out benchmarks/experiments/results/guard_storage.json
+    python benchmarks/guard_storage.py --task decoder_ft --seeds 0 \\
+        --out benchmarks/results/guard_storage/guard_storage.json
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--save_steps", type=int, default=10)
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
-    parser.add_argument("--out", default="benchmarks/experiments/results/guard_storage.json")
+    parser.add_argument("--out", default="benchmarks/results/guard_storage/guard_storage.json")
     args = parser.parse_args()
     torch.set_num_threads(1)
     out = Path(args.out)
