@@ -26,26 +26,18 @@ from typing import Any
 
 import torch
 
-from .accounting import StepCounters
 from .alarm import Alarm, DivergenceLevel, nonfinite_step, worst_level
-from .config import EngineConfig, SpikeGuardConfig
-from .divergence import DivergenceMonitor
-from .footprint import MemoryMeter
-from .guard import ParameterGuard
+from .config import EngineConfig
 from .learner import Learner
-from .loss_watch import LossWatch
-from .persistence import engine_state, load_engine_state
-from .phases import Phase, PhaseController
+from .parts import EngineParts
+from .phases import Phase
 from .predict_phase import PhaseEnd, PredictPhase, PredictPhases
-from .predictor import DeltaPredictor, resolve_predictor_name
+from .predictor import DeltaPredictor
 from .recovery import RecoveryAction, applies_update, choose_action, describe
-from .residuals import Corrector, ResidualStore
-from .sharding import ShardGroup, local
+from .sharding import local
 from .spike_guard import SpikeGuard
 from .step import StepOutcome, StepPlan, StepRecord
-from .timing import PartTimer, clock_for
 from .wakefulness import Wakefulness
-from .watch import UpdateWatch
 
 __all__ = ["HybridEngine", "StepOutcome", "StepPlan", "StepRecord"]
 
@@ -67,8 +59,27 @@ LOGGED_STATS = (
 )
 
 
+class _Part:
+    """An engine attribute that is the field of the same name of its `EngineParts`, read and written
+    there: the engine's state stays in one place."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, engine: HybridEngine | None, owner: type | None = None) -> Any:
+        return self if engine is None else getattr(engine.parts, self.name)
+
+    def __set__(self, engine: HybridEngine, value: Any) -> None:
+        setattr(engine.parts, self.name, value)
+
+
 class HybridEngine:
     """Phase controller, predictor, loss forecaster, residuals, divergence monitor and guard, wired."""
+
+    config, params, shards, timer = _Part(), _Part(), _Part(), _Part()
+    controller, watch, losses, monitor, store = _Part(), _Part(), _Part(), _Part(), _Part()
+    corrector, counters, guard, spike_guard, meter = _Part(), _Part(), _Part(), _Part(), _Part()
+    steps_since_real, last_level, max_confidence = _Part(), _Part(), _Part()
 
     def __init__(
         self,
@@ -83,49 +94,17 @@ class HybridEngine:
         is kept only if that loss fell from the phase's start to its end, instead of the noisier
         training-loss regression test. `predictor` replaces the one `config.predictor` names.
         `spike_guard` judges every WARMUP and FULL step and restores its copy on a loss spike."""
-        self.config = config or EngineConfig()
         if not params:
             raise ValueError("HybridEngine needs at least one trainable parameter; the model has none")
-        self.params = dict(params)
-        self.shards = ShardGroup.of(self.params)  # FSDP2's sharded DTensors, or none
+        self.parts = EngineParts.build(params, config or EngineConfig(), optimizer, predictor, spike_guard)
+        self.schedule = self.config.schedule
         self.probe = probe
         self.optimizer = optimizer
-        self.spike_guard = spike_guard or SpikeGuard(None, SpikeGuardConfig(enabled=False))
-        # what the hybrid machinery costs, by part; the caller's hooks are charged to it too
-        self.timer = PartTimer(clock_for(self.params.values()))
-        s = self.schedule = self.config.schedule
-        self.controller = PhaseController(s)
-        self.watch = UpdateWatch(
-            self.params,
-            resolve_predictor_name(self.config.predictor, optimizer),
-            self.config.predictor_kwargs,
-            optimizer,
-            self.config.seed,
-            may_sleep=Wakefulness.may_sleep(self.config),
-            predictor=predictor,
-            shards=self.shards,
-        )
-        self.losses = LossWatch(self.config.seed, awake=self.watch.awake)
-        self.monitor = DivergenceMonitor(sigma=self.config.divergence_sigma)
-        self.store = ResidualStore()
-        self.corrector = Corrector()
-        self.counters = StepCounters()
-        self.guard = ParameterGuard(
-            self.params, self.config.snapshot_device, self.shards, self.timer, self.counters
-        )
-        self.wakefulness = Wakefulness(self.config, self.watch, self.losses, self.store, self.timer)
-        self.learner = Learner(
-            self.watch, self.guard, self.store, self.corrector, self.shards, self.counters, self.timer
-        )
-        self.phases = PredictPhases(
-            self.config, self.controller, self.guard, self.store, self.counters, self.timer, probe
-        )
+        self.wakefulness = Wakefulness(self.parts)
+        self.learner = Learner(self.parts)
+        self.phases = PredictPhases(self.parts, probe)
         self.plan: StepPlan | None = None
-        self.steps_since_real = 0
-        self.last_level = DivergenceLevel.NORMAL
         self.step_number = 0  # the caller's number of the current step (`begin_step`), for log lines
-        self.max_confidence = 0.0  # highest confidence measured after warmup (the summary's "why not")
-        self.meter = MemoryMeter(self._tensors, self._layout)
 
     @property
     def predictor(self) -> DeltaPredictor:
@@ -134,7 +113,7 @@ class HybridEngine:
     @property
     def awake(self) -> bool:
         """False while the engine sleeps: buffers for a sample of the coordinates, no loss forecaster."""
-        return self.wakefulness.awake
+        return self.parts.awake
 
     @property
     def phase(self) -> PredictPhase | None:
@@ -379,14 +358,6 @@ class HybridEngine:
         }
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
 
-    def _tensors(self) -> list[torch.Tensor]:
-        parts = (self.watch, self.guard, self.losses, self.spike_guard)
-        return [t for part in parts for t in part.tensors()]
-
-    def _layout(self) -> tuple[Any, ...]:
-        """Which buffers exist (the memory meter counts again when this changes)."""
-        return self.awake, self.guard.buffer_counts(), self.spike_guard.buffer_count()
-
     def nbytes(self) -> int:
         """Bytes of the engine's tensors now (counted; `stats()` has them by device, as last counted)."""
         return sum(self.meter.measure().values())
@@ -394,19 +365,24 @@ class HybridEngine:
     # ---- checkpointing ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue exactly, mid-phase included (`persistence.engine_state`)."""
-        return engine_state(self)
+        """Everything needed to continue exactly, mid-phase included: the parts' state and the open
+        predict phase's."""
+        if self.plan is not None:
+            raise RuntimeError("cannot save the engine in the middle of an optimizer step")
+        # the spike guard's copies start again from the state being saved, as a resumed run's do
+        self.spike_guard.rebase(self.step_number)
+        return {**self.parts.state_dict(), **self.phases.state_dict()}
 
     def continue_accounting(self, state: Mapping[str, Any]) -> None:
         """A new engine that carries on a run (`hybrid_restart_engine`): the counters, the engine's own
         time and its peak bytes continue from a saved state; everything it learnt starts over."""
-        self.counters.load_state_dict(state["counters"])
-        self.timer.load_state_dict(state.get("timing"))
-        self.meter.merge_peak(state["peak_memory"])
+        self.parts.continue_accounting(state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a saved engine; refuses a state that belongs to another configuration or model."""
-        load_engine_state(self, state)
+        self.parts.load_state_dict(state)
+        self.phases.load_state_dict(state)
+        self.plan = None
 
 
 def _spikes(alarms: list[Alarm]) -> str:

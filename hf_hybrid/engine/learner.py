@@ -15,15 +15,11 @@ import logging
 import math
 from collections.abc import Callable
 
-from .accounting import StepCounters
 from .alarm import Alarm
-from .guard import ParameterGuard
+from .parts import EngineParts
 from .phases import Phase
 from .predictor import Deltas, delta_dot_products
-from .residuals import Corrector, Residual, ResidualStore
-from .sharding import ShardGroup
-from .timing import PartTimer
-from .watch import UpdateWatch
+from .residuals import Residual
 
 logger = logging.getLogger(__name__)
 
@@ -31,23 +27,8 @@ logger = logging.getLogger(__name__)
 class Learner:
     """Runs the real update and the scoring around the optimizer step, and the guarded predicted write."""
 
-    def __init__(
-        self,
-        watch: UpdateWatch,
-        guard: ParameterGuard,
-        store: ResidualStore,
-        corrector: Corrector,
-        shards: ShardGroup,
-        counters: StepCounters,
-        timer: PartTimer,
-    ) -> None:
-        self.watch = watch
-        self.guard = guard
-        self.store = store
-        self.corrector = corrector
-        self.shards = shards
-        self.counters = counters
-        self.timer = timer
+    def __init__(self, parts: EngineParts) -> None:
+        self.parts = parts
 
     def real_update(
         self, optimizer_step: Callable[[], None], look: bool = True
@@ -55,12 +36,12 @@ class Learner:
         """Run the optimizer step and take the real update it made, per step since the last look (at the
         sample, and whole where it is needed); `look=False` leaves it to the next look, which averages."""
         optimizer_step()
-        self.guard.forget_compensation()  # the parameters were rewritten: no rounding error to carry
+        self.parts.guard.forget_compensation()  # the parameters were rewritten: no rounding error to carry
         if not look:
-            self.watch.skip()
+            self.parts.watch.skip()
             return None
-        with self.timer.part("real_update"):
-            return self.watch.take()
+        with self.parts.timer.part("real_update"):
+            return self.parts.watch.take()
 
     def learn(
         self,
@@ -84,25 +65,25 @@ class Learner:
         residual = None
         if scored:
             residual = Residual(step, phase.value, steps_ahead, *self._score(predicted, sampled), *losses)
-            with self.timer.part("residuals"):
-                self.store.add(residual)
-                self.corrector.update(residual)
-        with self.timer.part("observe"):
-            self.watch.observe(sampled, whole)
+            with self.parts.timer.part("residuals"):
+                self.parts.store.add(residual)
+                self.parts.corrector.update(residual)
+        with self.parts.timer.part("observe"):
+            self.parts.watch.observe(sampled, whole)
         return residual, alarm
 
     def _score(self, predicted: Deltas | None, sampled: Deltas) -> tuple[float, float, float]:
         """<guess, update>, <guess, guess>, <update, update> over the whole sample (all ranks' parts
         added); a guess that is not finite scores as no guess, and its predictors start over."""
-        with self.timer.part("score"):
-            pd, pp, dd = self.shards.sum(delta_dot_products(predicted, sampled))
+        with self.parts.timer.part("score"):
+            pd, pp, dd = self.parts.shards.sum(delta_dot_products(predicted, sampled))
         if math.isfinite(pd) and math.isfinite(pp):
             return pd, pp, dd
         logger.warning(
-            "hf_hybrid: predictor %r produced a non-finite guess; reset it", self.watch.predictor_name
+            "hf_hybrid: predictor %r produced a non-finite guess; reset it", self.parts.watch.predictor_name
         )
-        self.counters.add("refused_updates")
-        self.watch.reset()
+        self.parts.counters.add("refused_updates")
+        self.parts.watch.reset()
         return 0.0, 0.0, dd
 
     def write_guess(self, steps_ahead: int, max_delta: float) -> tuple[bool, Alarm | None]:
@@ -110,22 +91,22 @@ class Learner:
         and the alarm of a guess that failed or was refused (its predictors then start over)."""
         predicted, alarm = self.guess(steps_ahead)
         if predicted is not None:
-            with self.timer.part("guard"):
-                alarm, deltas = self.guard.apply(predicted, max_delta, self.corrector.scale)
+            with self.parts.timer.part("guard"):
+                alarm, deltas = self.parts.guard.apply(predicted, max_delta, self.parts.corrector.scale)
             if alarm is None:
-                with self.timer.part("real_update"):
-                    self.watch.shift(deltas)  # a written guess is no part of the next real update
+                with self.parts.timer.part("real_update"):
+                    self.parts.watch.shift(deltas)  # a written guess is no part of the next real update
             else:
-                self.watch.reset()
+                self.parts.watch.reset()
         if alarm is not None:
-            self.counters.add("refused_updates")
+            self.parts.counters.add("refused_updates")
         return predicted is not None and alarm is None, alarm
 
     def guess(self, steps_ahead: int, sampled: bool = False) -> tuple[Deltas | None, Alarm | None]:
         """The full-size guess a predict step applies, or (`sampled`) the one at the sample, to score."""
-        with self.timer.part("guess"):
-            ask = self.watch.sampled_guess if sampled else self.watch.guess
+        with self.parts.timer.part("guess"):
+            ask = self.parts.watch.sampled_guess if sampled else self.parts.watch.guess
             predicted, alarm = ask(steps_ahead)
         if alarm is not None:
-            self.counters.add("predictor_errors")
+            self.parts.counters.add("predictor_errors")
         return predicted, alarm

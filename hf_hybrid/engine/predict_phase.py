@@ -16,14 +16,9 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
-from .accounting import StepCounters
 from .alarm import Alarm, DivergenceLevel
 from .bandit import HorizonBandit, default_arms, phase_reward
-from .config import EngineConfig
-from .guard import ParameterGuard
-from .phases import PhaseController
-from .residuals import ResidualStore
-from .timing import PartTimer
+from .parts import EngineParts
 
 # FULL-step losses whose batch-to-batch noise a predict phase is judged against.
 REFERENCE_WINDOW = 17
@@ -53,10 +48,6 @@ class PredictPhase:
     probe_before: float | None = None
     predicted: int = 0
     losses: list[float] = field(default_factory=list)
-
-    def checked(self) -> bool:
-        """Does the coming predicted step measure its loss (every `check_every`-th since a CORRECT step)?"""
-        return self.check_every > 0 and self.controller.predicted_since_correct % self.check_every == 0
 
     def record_predicted(self, loss: float | None) -> None:
         self.predicted += 1
@@ -112,27 +103,14 @@ class PredictPhases:
     """The open phase (`current`, None between phases) with its snapshot and probe readings, and the
     horizon bandit that learns which phase lengths pay."""
 
-    def __init__(
-        self,
-        config: EngineConfig,
-        controller: PhaseController,
-        guard: ParameterGuard,
-        store: ResidualStore,
-        counters: StepCounters,
-        timer: PartTimer,
-        probe: Callable[[], float] | None = None,
-    ) -> None:
-        s = self.schedule = config.schedule
-        self.use_bandit = config.use_bandit
-        self.check_every = config.check_every
-        self.controller = controller
-        self.guard = guard
-        self.store = store
-        self.counters = counters
-        self.timer = timer
+    def __init__(self, parts: EngineParts, probe: Callable[[], float] | None = None) -> None:
+        self.parts = parts
+        s = self.schedule = parts.config.schedule
+        self.use_bandit = parts.config.use_bandit
+        self.check_every = parts.config.check_every
         self._probe = probe
         arms = default_arms(s.min_predict_steps, s.max_predict_steps)
-        self.bandit = HorizonBandit(arms, seed=config.seed, exploration=0.3)
+        self.bandit = HorizonBandit(arms, seed=parts.config.seed, exploration=0.3)
         self.current: PredictPhase | None = None
 
     def choose_horizon(self, cap: int) -> int:
@@ -141,23 +119,23 @@ class PredictPhases:
     def open(self, forecast: Callable[[], float | None], fallback: Callable[[], tuple[float, float]]) -> None:
         """Start the phase the controller just entered, from a snapshot of the weights, judged against the
         loss forecaster's level and the recent FULL steps' noise (`reference_level`), or `fallback()`."""
-        with self.timer.part("snapshot"):
-            self.guard.take_snapshot()
-        full = [r.loss_actual for r in self.store.recent(REFERENCE_WINDOW, phase="full")]
-        with self.timer.part("loss_forecaster"):
+        with self.parts.timer.part("snapshot"):
+            self.parts.guard.take_snapshot()
+        full = [r.loss_actual for r in self.parts.store.recent(REFERENCE_WINDOW, phase="full")]
+        with self.parts.timer.part("loss_forecaster"):
             mean, std = reference_level(forecast, full) or fallback()
         self.current = PredictPhase(
-            opened_at=self.controller.steps_decided,
-            horizon=self.controller.horizon,
+            opened_at=self.parts.controller.steps_decided,
+            horizon=self.parts.controller.horizon,
             reference_loss=mean,
             reference_noise=std,
             probe_before=self.probe(),
         )
-        self.counters.add("predict_phases")
+        self.parts.counters.add("predict_phases")
 
     def checked(self) -> bool:
         """Does the coming predicted step measure its loss (every `check_every`-th since a CORRECT step)?"""
-        return self.check_every > 0 and self.controller.predicted_since_correct % self.check_every == 0
+        return self.check_every > 0 and self.parts.controller.predicted_since_correct % self.check_every == 0
 
     def record_predicted(self, loss: float | None) -> None:
         self.current.record_predicted(loss)
@@ -169,9 +147,9 @@ class PredictPhases:
     def validated(self, skill: float, widen: bool) -> None:
         """A CORRECT step held: its state is the next rollback point, or, at the phase's last, the phase
         completed (`skill`: of its guess; `widen=False` keeps a cap a CAUTION halved)."""
-        if self.controller.predict_remaining > 0:
-            with self.timer.part("snapshot"):
-                self.guard.take_snapshot()
+        if self.parts.controller.predict_remaining > 0:
+            with self.parts.timer.part("snapshot"):
+                self.parts.guard.take_snapshot()
         else:
             self.end(PhaseEnd.COMPLETED, skill, widen)
 
@@ -181,15 +159,15 @@ class PredictPhases:
         phase, self.current = self.current, None
         if self.use_bandit and phase.horizon in self.bandit.arms:
             self.bandit.update(phase.horizon, phase.reward(self.schedule.full_steps, how, skill))
-        self.controller.end_phase(how is not PhaseEnd.COMPLETED, widen)
-        self.guard.drop_snapshot()
+        self.parts.controller.end_phase(how is not PhaseEnd.COMPLETED, widen)
+        self.parts.guard.drop_snapshot()
 
     def probe(self) -> float | None:
         """The probe's loss now (inf when not finite; None without a probe)."""
         if self._probe is None:
             return None
-        self.counters.add("probe_evaluations")
-        with self.timer.part("probe"):  # forwards the plain step does not run: the method's own cost
+        self.parts.counters.add("probe_evaluations")
+        with self.parts.timer.part("probe"):  # forwards the plain step does not run: the method's own cost
             value = float(self._probe())
         return value if math.isfinite(value) else math.inf
 

@@ -6,7 +6,8 @@ a run whose predictions are far from useful pays little for them. The engine wak
 nears the threshold (`WAKE_AT` of it) and sleeps again under half of it: the gap keeps a skill hovering
 near one bound from allocating and freeing buffers at every step. While dormant (under half the
 threshold), and early in the warmup, it also looks at the real update only every `dormant_every`-th
-step: the look it skips is averaged into the next one.
+step: the look it skips is averaged into the next one. Whether a configuration's engine may sleep at
+all is `parts.may_sleep`.
 """
 
 from __future__ import annotations
@@ -14,12 +15,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from .config import EngineConfig
-from .loss_watch import LossWatch
+from .parts import EngineParts
 from .phases import Phase
-from .residuals import ResidualStore
-from .timing import PartTimer
-from .watch import UpdateWatch
 
 logger = logging.getLogger(__name__)
 
@@ -32,47 +29,30 @@ Confidence = Callable[[], float]  # the engine's measured confidence, asked only
 class Wakefulness:
     """Puts the update watch and the loss watch to sleep or wakes them, and thins out the looks."""
 
-    def __init__(
-        self,
-        config: EngineConfig,
-        watch: UpdateWatch,
-        losses: LossWatch,
-        store: ResidualStore,
-        timer: PartTimer,
-    ) -> None:
-        self.config = config
-        self.schedule = config.schedule
-        self.watch = watch
-        self.losses = losses
-        self.store = store
-        self.timer = timer
-
-    @staticmethod
-    def may_sleep(config: EngineConfig) -> bool:
-        """`dormant_every=1` asks for an engine that watches every step in full: it never sleeps; nor does
-        a scripted one, whose predict phases open whatever the confidence (and need full-size guesses)."""
-        s = config.schedule
-        return s.confidence_threshold > 0 and config.dormant_every > 1 and s.script is None
+    def __init__(self, parts: EngineParts) -> None:
+        self.parts = parts
+        self.config = parts.config
+        self.schedule = parts.config.schedule
 
     @property
     def awake(self) -> bool:
-        return self.watch.awake
+        return self.parts.awake
 
     def update(self, confidence: Confidence, step_number: int) -> bool:
         """Sleep while the skill is unknown or far from the threshold, wake when it nears it; True when
         the engine switched. Called at WARMUP/FULL steps, when no predict phase is open."""
-        if not self.watch.can_sleep:
+        if not self.parts.watch.can_sleep:
             return False
         s = self.schedule
         sleepy = self.dormant(confidence) or (
             not self.awake
-            and (len(self.store) < s.min_history or confidence() < WAKE_AT * s.confidence_threshold)
+            and (len(self.parts.store) < s.min_history or confidence() < WAKE_AT * s.confidence_threshold)
         )
         if sleepy == (not self.awake):
             return False
-        with self.timer.part("wake"):
-            self.watch.set_awake(not sleepy)
-            self.losses.set_awake(not sleepy)
+        with self.parts.timer.part("wake"):
+            self.parts.watch.set_awake(not sleepy)
+            self.parts.losses.set_awake(not sleepy)
         logger.info(
             "hf_hybrid: step %d: confidence %.3f (threshold %.3f): the engine %s",
             step_number,
@@ -93,7 +73,7 @@ class Wakefulness:
         threshold = self.schedule.confidence_threshold
         if self.config.dormant_every <= 1 or threshold <= 0:
             return False
-        if len(self.store) < self.schedule.min_history:
+        if len(self.parts.store) < self.schedule.min_history:
             return False
         return confidence() < threshold / 2
 
@@ -103,7 +83,7 @@ class Wakefulness:
         sparse = (phase is Phase.FULL and self.dormant(confidence)) or (
             phase is Phase.WARMUP and self._early_warmup(steps_decided)
         )
-        return sparse and self.watch.unobserved_steps() + 1 < self.config.dormant_every
+        return sparse and self.parts.watch.unobserved_steps() + 1 < self.config.dormant_every
 
     def _early_warmup(self, steps_decided: int) -> bool:
         """Warmup only feeds the predictor; its dense history is needed just before the first phase."""
