@@ -78,7 +78,10 @@ def test_demo_tiny_prints_both_rows_and_matching_json(tmp_path, capsys):
     stats = guard["hybrid_stats"]
     assert rows[spiked[0]]["restores"] is None and guard["restores"] == stats["restores"]
     assert stats["spike_guard"] and stats["spike_guard_bytes"] > 0  # on, and holding its copies
-    assert _table_row(out, spiked[1])[-4] == str(stats["restores"])  # the table's restores column
+    assert _table_row(out, spiked[1])[-6] == str(stats["restores"])  # the table's restores column
+    hybrid_compute = _table_row(out, "hybrid")[-1]  # compute / plain, beside the measured wall / plain
+    assert hybrid_compute == f"{1 - rows['hybrid']['compute_saved_fraction']:.2f}x" and hybrid_compute < "1"
+    assert _table_row(out, "plain")[-1] == "1.00x" and "nominal cost model" in out
     # a guard that never acts leaves the plain run alone, bit for bit; one that acts changes it
     acted = stats["restores"] + stats["spike_skipped_steps"] > 0
     assert (guard["eval_loss"] != rows[spiked[0]]["eval_loss"]) is acted, stats

@@ -130,7 +130,7 @@ def load_model_and_tokenizer(model_args: ModelArguments) -> tuple[Any, Any]:
     if model_args.model_name_or_path is None:
         from transformers import GPT2LMHeadModel
 
-        from ..demo import tiny_gpt2_config
+        from ..tiny_models import tiny_gpt2_config
 
         name = model_args.model_config or BUILTIN_MODEL_CONFIGS[0]
         logger.info("training the built-in %r model from scratch (byte-level, no tokenizer)", name)
