@@ -1,5 +1,5 @@
-"""What the hybrid trainer adds to HF's console and callbacks: the compact `hybrid` entry in the printed
-logs, the phase on the tqdm bar, the timeline plot and the summary at the end of training.
+"""What the hybrid trainer adds to HF's console: the compact `hybrid` entry in the printed logs, the
+phase on the tqdm bar, what the spike guard holds at the start and the summary at the end of training.
 
 HF's own console callbacks are replaced by subclasses (`install_console`), so `disable_tqdm`, the log
 format and `log_level` behave as users know them; trackers and `trainer_state.json` get every
@@ -8,31 +8,19 @@ format and `log_level` behave as users know them; trackers and `trainer_state.js
 
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
 from tqdm.auto import tqdm
 from transformers import Trainer
-from transformers.trainer_callback import PrinterCallback, ProgressCallback, TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from .engine.phases import Phase
-from .telemetry import (
-    TIMELINE_PLOT_FILE,
-    console_line,
-    log_image_to_wandb,
-    plot_timeline,
-    progress_postfix,
-    run_summary,
-)
-
-logger = logging.getLogger(__name__)
+from .telemetry import console_line, progress_postfix, run_summary
 
 
 def install_console(trainer: Trainer) -> None:
-    """The step callback (first micro-batch, plot, summary) and HF's console callback made hybrid."""
-    trainer.add_callback(HybridStepCallback(trainer))
+    """HF's console callbacks made hybrid (the summary after the last step among them)."""
     for default, ours in (
         (ProgressCallback, HybridProgressCallback),
         (PrinterCallback, HybridPrinterCallback),
@@ -60,56 +48,11 @@ def phase_name(code: float) -> str:
     return list(Phase)[int(code)].value
 
 
-class HybridStepCallback(TrainerCallback):
-    """Opens each optimizer step on its first micro-batch (the engine decides the phase there); after the
-    last step, the timeline plot and the summary in the log. Registered after the reporters, so a W&B run
-    is still open for the plot."""
-
-    def __init__(self, trainer: Any) -> None:
-        self.trainer = trainer
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        line = guard_line(self.trainer)
-        if line is not None:
-            logger.info(line)
-
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.trainer.engine is not None:
-            with self.trainer.engine.timer.part("trainer"):
-                self.trainer.optimizer.begin_step(state.global_step + 1)
-
-    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        trainer = self.trainer
-        if trainer.engine is None or not state.is_world_process_zero:
-            return
-        publish_timeline_plot(trainer)
-        logger.info(run_summary(trainer.hybrid_stats()))
-
-
 def guard_line(trainer: Any) -> str | None:
     """What the spike guard holds, for the start of training (None: no guard, or not rank 0)."""
     if trainer.engine is None or trainer.guard_plan is None or not trainer.is_world_process_zero():
         return None
     return trainer.guard_plan.line()
-
-
-def publish_timeline_plot(trainer: Any) -> None:
-    """`output_dir/hybrid_timeline.png`, and the same image on the W&B run."""
-    if not trainer.hybrid_timeline:
-        return
-    try:
-        path = plot_timeline(
-            trainer.hybrid_timeline, os.path.join(trainer.args.output_dir, TIMELINE_PLOT_FILE)
-        )
-    except (ImportError, OSError) as exc:  # the trained model matters more than its plot
-        logger.warning("hf_hybrid: could not write the phase-timeline plot: %r", exc)
-        return
-    from transformers.integrations import WandbCallback
-
-    for callback in trainer.callback_handler.callbacks:
-        wandb = getattr(callback, "_wandb", None) if isinstance(callback, WandbCallback) else None
-        if wandb is not None and getattr(callback, "_initialized", False) and wandb.run is not None:
-            log_image_to_wandb(wandb, path, trainer.state.global_step)
 
 
 class HybridProgressCallback(ProgressCallback):

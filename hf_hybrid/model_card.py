@@ -25,7 +25,7 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
-from .engine.config import SPIKE_GUARD_OFF
+from .engine.spike_guard import SpikeGuard
 from .hybrid_arguments import HybridArgumentsMixin
 from .telemetry import measured_step_seconds, measured_time_saved_fraction
 from .version import __version__
@@ -56,7 +56,7 @@ def card_context(
     ]
     return {
         **{key: stats[key] for key in _STAT_KEYS},
-        **{key: stats.get(key, off) for key, off in SPIKE_GUARD_OFF.items()},
+        **{key: stats.get(key, off) for key, off in SpikeGuard.off().stats().items()},
         **{key: metrics.get(key) for key in _METRIC_KEYS},
         "version": __version__,
         "predictor": stats.get("predictor") or config.get("hybrid_predictor", "?"),

@@ -71,22 +71,12 @@ def run_summary(stats: Mapping[str, Any]) -> str:
 def disabled_stats(config: Any) -> dict[str, Any]:
     """`hybrid_stats()` of a run without the engine (`hybrid_enabled=False`, an unsupported set-up): the
     keys of a run that predicted nothing, with zeros, so a script reading them never hits a KeyError."""
-    from .engine.accounting import StepCounters
-    from .engine.config import SPIKE_GUARD_OFF
-    from .engine.footprint import MemoryMeter
+    from .engine.engine import HybridEngine
     from .engine.timing import PartTimer
 
     return {
         "enabled": False,
-        **StepCounters().summary(config.probe_cost),
-        "predictor": config.predictor,
-        "predictor_bytes": 0,
-        **MemoryMeter(tuple).stats(),
-        **SPIKE_GUARD_OFF,
-        "max_confidence": 0.0,
-        "confidence_threshold": config.schedule.confidence_threshold,
-        "phase": None,
-        "warmup_steps_left": None,
+        **HybridEngine.stats_without_engine(config),
         "timing": PartTimer().summary(),
         "no_predict_reason": "The hybrid engine did not run (hybrid_enabled=False, or a set-up it does not "
         "support, which the start of training warned about).",

@@ -1,18 +1,19 @@
-"""HybridHFTrainer: the only module that knows `transformers.Trainer` internals.
+"""HybridHFTrainer: the training library's one module that knows `transformers.Trainer` internals, its
+private hooks and the private state of its W&B callback (the arena's methods, `hf_hybrid/bench/`, are
+Trainer subclasses of their own).
 
-It does not copy the training loop; it hooks in where the loop already calls out (see the shared notes
-on 5.x):
+It does not copy the training loop; it hooks in where the loop already calls out (transformers 5.19 to
+5.24, `docs/layout.md`), and each hook's part of a step is told once, in docs/how-it-works.md ("One
+optimizer step, in the code"):
 
-- `_prepare_for_training`: once the model and optimizer are prepared, build the engine (restored from
-  the checkpoint being resumed) and put a `HybridOptimizer` in place of `self.optimizer`, so the loop's
-  own `self.optimizer.step()` is where the engine applies the real step or the predicted update;
-- `on_step_begin` (the first micro-batch of an optimizer step, `console.HybridStepCallback`): the engine
-  decides the phase; `training_step` then runs a full step, a forward-only step, or no forward at all,
-  and hands the loss to the optimizer wrapper, which carries the step's measurements to the engine;
-- `_clip_grad_norm` / `_get_grad_norm`: skipped in predicted steps (no gradients exist; clipping would
-  also break a fp16 GradScaler); in real steps the gradient norm goes to the optimizer wrapper;
-- `_save_optimizer_and_scheduler`: the hybrid state in the checkpoint (`checkpoint.EngineCheckpoints`).
-The learning-rate schedule keeps advancing in every phase because the loop calls `lr_scheduler.step()`.
+- `_prepare_for_training`: build the engine (restored from the checkpoint being resumed) and put a
+  `HybridOptimizer` in place of `self.optimizer`, where the loop calls `step()`;
+- `on_step_begin` (`HybridStepCallback`, below): open the step, the engine deciding its phase;
+- `training_step`: a full step, a forward-only step or no forward at all, as the phase says;
+- `_clip_grad_norm` / `_get_grad_norm`: nothing in predicted steps (no gradients exist; clipping would
+  also break a fp16 GradScaler), the gradient norm to the optimizer wrapper in real ones;
+- `_save_optimizer_and_scheduler`: the hybrid state in the checkpoint (`checkpoint.EngineCheckpoints`);
+- `on_train_end` (`HybridStepCallback`): the timeline plot, on the W&B run too, and the summary.
 """
 
 from __future__ import annotations
@@ -25,11 +26,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from .args import HybridArgumentsMixin, upcast_training_args
 from .checkpoint import EngineCheckpoints, last_complete_checkpoint
-from .console import install_console
+from .console import guard_line, install_console
 from .engine.config import EngineConfig
 from .engine.engine import HybridEngine, StepOutcome, StepPlan
 from .engine.optimizer import HybridOptimizer
@@ -39,7 +40,14 @@ from .guard_storage import StoragePlan, choose_storage, memory_budget, optimizer
 from .hybrid_arguments import hybrid_name
 from .model_card import add_hybrid_section, card_context, local_base_model, render_section
 from .parameters import trainable_parameters
-from .telemetry import disabled_stats, no_predict_reason
+from .telemetry import (
+    TIMELINE_PLOT_FILE,
+    disabled_stats,
+    log_image_to_wandb,
+    no_predict_reason,
+    plot_timeline,
+    run_summary,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +99,7 @@ class HybridHFTrainer(Trainer):
         self._step_batches: list[tuple[nn.Module, dict[str, Any], Any]] = []  # this step's micro-batches
         self.checkpoints = EngineCheckpoints(args.hybrid_restart_engine, rename=hybrid_name)
         if self.hybrid_args.hybrid_enabled:
+            self.add_callback(HybridStepCallback(self))
             install_console(self)
             self.add_callback(self.checkpoints.callback)
 
@@ -424,6 +433,51 @@ class HybridHFTrainer(Trainer):
             if kwargs.get("finetuned_from")
             else local_base_model(self.accelerator.unwrap_model(self.model)),
         )
+
+
+class HybridStepCallback(TrainerCallback):
+    """Opens each optimizer step on its first micro-batch (the engine decides the phase there); after the
+    last step, the timeline plot and the summary in the log. Added before the console callbacks and after
+    the reporters, so a W&B run is still open for the plot."""
+
+    def __init__(self, trainer: HybridHFTrainer) -> None:
+        self.trainer = trainer
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        line = guard_line(self.trainer)
+        if line is not None:
+            logger.info(line)
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.trainer.engine is not None:
+            with self.trainer.engine.timer.part("trainer"):
+                self.trainer.optimizer.begin_step(state.global_step + 1)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        trainer = self.trainer
+        if trainer.engine is None or not state.is_world_process_zero:
+            return
+        publish_timeline_plot(trainer)
+        logger.info(run_summary(trainer.hybrid_stats()))
+
+
+def publish_timeline_plot(trainer: HybridHFTrainer) -> None:
+    """`output_dir/hybrid_timeline.png`, and the same image on the W&B run."""
+    if not trainer.hybrid_timeline:
+        return
+    try:
+        path = plot_timeline(
+            trainer.hybrid_timeline, os.path.join(trainer.args.output_dir, TIMELINE_PLOT_FILE)
+        )
+    except (ImportError, OSError) as exc:  # the trained model matters more than its plot
+        logger.warning("hf_hybrid: could not write the phase-timeline plot: %r", exc)
+        return
+    from transformers.integrations import WandbCallback
+
+    for callback in trainer.callback_handler.callbacks:
+        wandb = getattr(callback, "_wandb", None) if isinstance(callback, WandbCallback) else None
+        if wandb is not None and getattr(callback, "_initialized", False) and wandb.run is not None:
+            log_image_to_wandb(wandb, path, trainer.state.global_step)
 
 
 _DEEPSPEED_UNSUPPORTED = (

@@ -24,9 +24,9 @@ from hf_hybrid.telemetry import (
 )
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-# DESIGN.md's telemetry list, as log keys: phase, steps per phase, backward passes skipped (count and
-# fraction), predicted vs actual loss, residual norms, update cosine, confidence, horizon, rollbacks,
-# divergence level, predictor bytes, estimated compute saved.
+# The telemetry the design promises (docs/usage.md, "Metrics"), as log keys: phase, steps per phase,
+# backward passes skipped (count and fraction), predicted vs actual loss, residual norms, update cosine,
+# confidence, horizon, rollbacks, divergence level, predictor bytes, estimated compute saved.
 DESIGN_KEYS = {
     "phase",
     "steps_warmup",
@@ -140,7 +140,7 @@ def test_hybrid_metrics_reach_the_logs_and_the_wandb_run_file(tmp_path, monkeypa
     finally:
         wandb.finish()
 
-    # 1. trainer_state's log history: every DESIGN.md metric at every training log, with values that
+    # 1. trainer_state's log history: every promised metric at every training log, with values that
     # agree with the per-step timeline the trainer recorded independently.
     logs = [e for e in trainer.state.log_history if "loss" in e]
     assert [e["step"] for e in logs] == [5, 10, 15, 20, 25, 30]

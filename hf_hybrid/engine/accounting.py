@@ -1,5 +1,11 @@
 """What the engine did, counted: steps per phase, backward passes run and skipped, rollbacks, refusals,
-and the compute they cost in forward-pass units (the machine-independent cost model of DESIGN.md)."""
+and the compute they cost in forward-pass units by a *nominal* cost model.
+
+The nominal model prices a forward at 1 and a backward at 2 (a real step 3, a checked predicted step 1,
+a blind one 0): the textbook rule for large models on accelerators, and the same on every machine, so
+a run's `compute_units` and `compute_saved_fraction` can be compared anywhere. It is not a measurement:
+on a small CPU model a backward costs about 0.64 of a forward, so skipping one saves less. The arena
+(`hf_hybrid/bench/calibration.py`) prices every kind of step by timing it on the task instead."""
 
 from __future__ import annotations
 
@@ -9,9 +15,9 @@ from typing import Any
 
 from .phases import Phase
 
-# Cost of one step in forward-pass units (forward 1, backward 2).
-FULL_STEP_COST = 3.0
-CHECKED_PREDICT_COST = 1.0
+# Nominal cost of one step in forward-pass units (forward 1, backward 2; see the module docstring).
+NOMINAL_STEP_COST = 3.0
+NOMINAL_CHECKED_PREDICT_COST = 1.0
 
 EVENTS = (
     "backward_run",
@@ -46,10 +52,10 @@ class StepCounters:
         return {p.value: self._counts[f"steps_{p.value}"] for p in Phase}
 
     def compute_units(self, probe_cost: float) -> float:
-        """Forward units spent: 3 per real step, 1 per checked predicted step, the probe's forwards."""
+        """Nominal forward units spent: 3 a real step, 1 a checked predicted step, the probe's forwards."""
         return (
-            self._counts["backward_run"] * FULL_STEP_COST
-            + self._counts["predict_checked"] * CHECKED_PREDICT_COST
+            self._counts["backward_run"] * NOMINAL_STEP_COST
+            + self._counts["predict_checked"] * NOMINAL_CHECKED_PREDICT_COST
             + self._counts["probe_evaluations"] * probe_cost
         )
 
@@ -63,7 +69,7 @@ class StepCounters:
             **{key: self._counts[key] for key in EVENTS},
             "backward_skipped_fraction": skipped / max(run + skipped, 1),
             "compute_units": cost,
-            "compute_saved_fraction": 1.0 - cost / max((run + skipped) * FULL_STEP_COST, 1.0),
+            "compute_saved_fraction": 1.0 - cost / max((run + skipped) * NOMINAL_STEP_COST, 1.0),
         }
 
     def state_dict(self) -> dict[str, int]:

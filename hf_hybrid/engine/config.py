@@ -18,18 +18,6 @@ from .validation import ConfigError, check_bool, check_choice, check_float, chec
 SNAPSHOT_DEVICES = ("same", "cpu")
 GUARD_DEVICES = ("cpu", "same")
 GUARD_STORAGES = ("host", "weights", "checkpoint", "none")
-SPIKE_GUARD_OFF: dict[str, Any] = {
-    "spike_guard": False,
-    "restores": 0,
-    "spike_skipped_steps": 0,
-    "restore_steps": [],
-    "skips": 0,
-    "skip_steps": [],
-    "spike_guard_bytes": 0,
-    "spike_guard_storage": None,
-    "blamed_data": 0,
-    "blamed_weights": 0,
-}  # a run's spike-guard stats when it is off
 MAX_SEED = 2**63 - 1
 
 

@@ -4,17 +4,13 @@
     ... caller runs forward(+backward) for the step's micro-batches ...
     engine.finish_step(StepRecord(loss, grad_norm, lr), optimizer.step)   # where the real step would run
 
-The caller (a Trainer, or any plain PyTorch loop) never decides anything itself; the engine never
-reaches into the caller except through the optimizer-step callable. Everything it decides is derived
-from scalars that are identical on every rank (the caller all-reduces the loss), so no rank drifts.
-
-One step, end to end: `begin_step` asks the controller for the phase (`PredictPhases` opens a phase,
-with its rollback snapshot, when one starts). `finish_step` then runs a real step (`_real_step`: the
-CORRECT step's verdict on its phase, finiteness, the divergence monitor, sleeping or waking
-(`Wakefulness`), then the optimizer step and what the predictor learns from it, `Learner.learn`) or a
-predicted one (`_predict_step`: the monitor on the measured loss, then the guess written through the
-guard, `Learner.write_guess`). Every checker returns `Alarm`s; `_recover` turns the step's alarms into
-one `RecoveryAction` (`recovery.py`), performs it and logs it.
+The caller (a Trainer, or any plain PyTorch loop) never decides anything itself. The engine changes
+what it was given: the parameters (a predicted update, a rollback to a phase's snapshot) and, through
+the spike guard, the optimizer's state (a restore puts back the trusted copy's weights and moments); it
+calls the caller back through the optimizer-step callable, `probe`, and the guard's `suspect_loss`.
+Everything it decides is derived from scalars that are identical on every rank (the caller all-reduces
+the loss), so no rank drifts. What happens inside the two calls, step by step: docs/how-it-works.md,
+"One optimizer step, in the code"; the one recovery rule: `recovery.py`.
 """
 
 from __future__ import annotations
@@ -26,8 +22,10 @@ from typing import Any
 
 import torch
 
+from .accounting import StepCounters
 from .alarm import Alarm, DivergenceLevel, nonfinite_step, worst_level
 from .config import EngineConfig
+from .footprint import MemoryMeter
 from .learner import Learner
 from .parts import EngineParts
 from .phases import Phase
@@ -330,17 +328,24 @@ class HybridEngine:
         """Counters and bytes (deterministic: a resumed run reports what the uninterrupted one does), the
         highest confidence reached against the threshold, the predictor's name, the phase and the warmup
         steps left (None: a scripted engine, whose phases are replayed)."""
-        return {
-            **self.counters.summary(self.config.probe_cost),
-            "predictor": self.watch.predictor_name,
-            "predictor_bytes": self.watch.predictor_bytes(),
-            **self.meter.stats(),
-            "max_confidence": self.max_confidence,
-            "confidence_threshold": self.schedule.confidence_threshold,
-            "phase": None if self.controller.phase is None else self.controller.phase.value,
-            "warmup_steps_left": self.controller.warmup_steps_left(),
-            **self.spike_guard.stats(),
-        }
+        return engine_stats(
+            self.config,
+            self.counters,
+            self.meter,
+            self.spike_guard,
+            predictor=self.watch.predictor_name,
+            predictor_bytes=self.watch.predictor_bytes(),
+            max_confidence=self.max_confidence,
+            phase=self.controller.phase,
+            warmup_steps_left=self.controller.warmup_steps_left(),
+        )
+
+    @staticmethod
+    def stats_without_engine(config: EngineConfig) -> dict[str, Any]:
+        """`stats()` of a run no engine drove (the plain Trainer's): the same keys, nothing counted."""
+        return engine_stats(
+            config, StepCounters(), MemoryMeter(tuple), SpikeGuard.off(), predictor=config.predictor
+        )
 
     def metrics(self) -> dict[str, float]:
         """Scalars for the training log (keys without the `hybrid/` prefix)."""
@@ -383,6 +388,32 @@ class HybridEngine:
         self.parts.load_state_dict(state)
         self.phases.load_state_dict(state)
         self.plan = None
+
+
+def engine_stats(
+    config: EngineConfig,
+    counters: StepCounters,
+    meter: MemoryMeter,
+    spike_guard: SpikeGuard,
+    *,
+    predictor: str,
+    predictor_bytes: int = 0,
+    max_confidence: float = 0.0,
+    phase: Phase | None = None,
+    warmup_steps_left: int | None = None,
+) -> dict[str, Any]:
+    """The keys of `HybridEngine.stats()`, in one place (a run without an engine reports them too)."""
+    return {
+        **counters.summary(config.probe_cost),
+        "predictor": predictor,
+        "predictor_bytes": predictor_bytes,
+        **meter.stats(),
+        "max_confidence": max_confidence,
+        "confidence_threshold": config.schedule.confidence_threshold,
+        "phase": None if phase is None else phase.value,
+        "warmup_steps_left": warmup_steps_left,
+        **spike_guard.stats(),
+    }
 
 
 def _spikes(alarms: list[Alarm]) -> str:

@@ -10,7 +10,8 @@ What the step measured travels with the step: a loop either passes `record` (a c
 step's `StepRecord`), or opens each step with `begin_step()` and hands over its micro-batch losses
 (`add_loss`) and the gradient norm (`set_grad_norm`); `step()` then averages the losses over ranks with
 `mean_over_ranks`, reads the `learning_rate`, and gives `on_outcome` the engine's `StepOutcome` and the
-step's host seconds.
+step's host seconds. Where each of these calls comes from in a `Trainer`'s step: docs/how-it-works.md,
+"One optimizer step, in the code".
 """
 
 from __future__ import annotations

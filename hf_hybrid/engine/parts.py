@@ -20,7 +20,7 @@ import torch
 
 from .accounting import StepCounters
 from .alarm import DivergenceLevel
-from .config import EngineConfig, SpikeGuardConfig
+from .config import EngineConfig
 from .divergence import DivergenceMonitor
 from .footprint import MemoryMeter
 from .guard import ParameterGuard
@@ -102,7 +102,7 @@ class EngineParts:
             corrector=Corrector(),
             counters=counters,
             guard=ParameterGuard(params, config.snapshot_device, shards, timer, counters),
-            spike_guard=spike_guard or SpikeGuard(None, SpikeGuardConfig(enabled=False)),
+            spike_guard=spike_guard or SpikeGuard.off(),
         )
 
     @property

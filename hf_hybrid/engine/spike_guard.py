@@ -35,13 +35,12 @@ from typing import Any, Protocol
 import torch
 
 from .alarm import Alarm, DivergenceLevel
-from .config import SPIKE_GUARD_OFF, SpikeGuardConfig
+from .config import SpikeGuardConfig
 from .sharding import local
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "SPIKE_GUARD_OFF",
     "CopyStore",
     "HostCopy",
     "NoCopy",
@@ -380,6 +379,11 @@ class SpikeGuard:
         self.fired = False  # whether the detector fired at the step `alarms` judged last
         self.capped_at: int | None = None  # the step of the last refusal, logged once per window
 
+    @classmethod
+    def off(cls) -> SpikeGuard:
+        """A guard that judges nothing and holds nothing (what an engine without one has)."""
+        return cls(None, SpikeGuardConfig(enabled=False))
+
     # ---- the engine's calls, in step order ----------------------------------------------------------
 
     def alarms(
@@ -581,11 +585,11 @@ class SpikeGuard:
         return len(self.tensors())
 
     def stats(self) -> dict[str, Any]:
-        if not self.params:
-            return dict(SPIKE_GUARD_OFF)
+        """What it did and holds; a guard that is off reports the same keys, nothing done."""
+        on = bool(self.params)
         return {
-            "spike_guard": True,
-            "spike_guard_storage": self.config.storage,
+            "spike_guard": on,
+            "spike_guard_storage": self.config.storage if on else None,
             "restores": len(self.restore_steps),
             "spike_skipped_steps": self.skipped_steps,
             "restore_steps": list(self.restore_steps),
