@@ -51,13 +51,18 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     add_bench_parser(sub)
+    _add_demo_parser(sub)
+    return parser
+
+
+def _add_demo_parser(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser(
         "demo",
         help="plain Trainer vs HybridHFTrainer on a small model, offline, a few minutes on CPU",
         description="Train a small byte-level GPT-2 on the Python standard library's source twice, with "
         "the plain transformers.Trainer and with HybridHFTrainer (same init, data, arguments and "
-        "learning rate), and print what the phase machine did; then both again with a learning-rate spike "
-        "at mid-run, which the hybrid trainer's spike guard rolls back. A demo, not a benchmark.",
+        "learning rate), and print what the phase machine did; then the plain Trainer and the spike guard "
+        "alone again with the learning rate x30 for 3 steps at mid-run. A demo, not a benchmark.",
     )
     demo.add_argument(
         "--size",
@@ -98,7 +103,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="skip the second pair of runs, with the learning rate x30 for 3 steps at mid-run (plain "
         "against the hybrid trainer's spike guard)",
     )
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -138,52 +138,13 @@ class DivergenceMonitor:
         loss = _as_float("loss", loss)
         grad_norm = _as_float("grad_norm", grad_norm)
         prediction_error = _as_float("prediction_error", prediction_error)
-
-        signals: dict[str, float] = {}
-        alarms: list[Alarm] = []
-        self.signals = signals
-
-        def raise_to(new: DivergenceLevel, reason: str) -> None:
-            if new > DivergenceLevel.NORMAL:
-                alarms.append(Alarm(new, reason))
-
-        if loss is not None:
-            if not math.isfinite(loss):
-                signals["loss_z"] = math.inf
-                raise_to(DivergenceLevel.CRITICAL, f"loss is non-finite ({loss})")
-            elif self._loss.count >= self.min_history:
-                z = self._loss.z(loss)
-                signals["loss_z"] = z
-                bound = self._bound(self._z_level(z))
-                raise_to(self._z_level(z), f"loss z-score {z:.1f} > {bound:.1f}")
-
-        if grad_norm is not None:
-            if not math.isfinite(grad_norm):
-                signals["grad_ratio"] = math.inf
-                raise_to(DivergenceLevel.CRITICAL, f"grad norm is non-finite ({grad_norm})")
-            elif self._grad.count >= self.min_history:
-                ratio = grad_norm / max(self._grad.mean, _GRAD_MEAN_FLOOR)
-                signals["grad_ratio"] = ratio
-                if ratio > self.grad_spike_ratio**2:
-                    raise_to(
-                        DivergenceLevel.CRITICAL,
-                        f"grad norm ratio {ratio:.1f} > {self.grad_spike_ratio**2:.1f}",
-                    )
-                elif ratio > self.grad_spike_ratio:
-                    raise_to(
-                        DivergenceLevel.WARNING, f"grad norm ratio {ratio:.1f} > {self.grad_spike_ratio:.1f}"
-                    )
-
-        if prediction_error is not None:
-            if not math.isfinite(prediction_error):
-                signals["prediction_error_z"] = math.inf
-                raise_to(DivergenceLevel.WARNING, f"prediction error is non-finite ({prediction_error})")
-            elif self._pred.count >= self.min_history:
-                z = self._pred.z(prediction_error)
-                signals["prediction_error_z"] = z
-                bound = self._bound(self._z_level(z))
-                raise_to(self._z_level(z), f"prediction error z-score {z:.1f} > {bound:.1f}")
-
+        self.signals = {}
+        scored = (
+            self._check_loss(loss),
+            self._check_grad(grad_norm),
+            self._check_prediction(prediction_error),
+        )
+        alarms = [alarm for alarm in scored if alarm is not None]
         level = worst_level(alarms)
         if level < DivergenceLevel.WARNING:
             self._alarm_streak = 0
@@ -193,11 +154,60 @@ class DivergenceMonitor:
         else:
             self._alarm_streak += 1
             if self._alarm_streak >= self.min_history:
-                self._rebaseline(signals)
-
+                self._rebaseline(self.signals)
         if alarms:
             logger.debug("divergence %s: %s", level.name, "; ".join(a.reason for a in alarms))
         return alarms
+
+    def _check_loss(self, loss: float | None) -> Alarm | None:
+        if loss is None:
+            return None
+        if not math.isfinite(loss):
+            self.signals["loss_z"] = math.inf
+            return Alarm(DivergenceLevel.CRITICAL, f"loss is non-finite ({loss})")
+        if self._loss.count < self.min_history:
+            return None
+        return self._z_alarm("loss_z", self._loss.z(loss), "loss z-score")
+
+    def _check_grad(self, grad_norm: float | None) -> Alarm | None:
+        if grad_norm is None:
+            return None
+        if not math.isfinite(grad_norm):
+            self.signals["grad_ratio"] = math.inf
+            return Alarm(DivergenceLevel.CRITICAL, f"grad norm is non-finite ({grad_norm})")
+        if self._grad.count < self.min_history:
+            return None
+        ratio = grad_norm / max(self._grad.mean, _GRAD_MEAN_FLOOR)
+        self.signals["grad_ratio"] = ratio
+        if ratio > self.grad_spike_ratio**2:
+            return Alarm(
+                DivergenceLevel.CRITICAL, f"grad norm ratio {ratio:.1f} > {self.grad_spike_ratio**2:.1f}"
+            )
+        if ratio > self.grad_spike_ratio:
+            return Alarm(
+                DivergenceLevel.WARNING, f"grad norm ratio {ratio:.1f} > {self.grad_spike_ratio:.1f}"
+            )
+        return None
+
+    def _check_prediction(self, error: float | None) -> Alarm | None:
+        if error is None:
+            return None
+        if not math.isfinite(error):
+            self.signals["prediction_error_z"] = math.inf
+            return Alarm(DivergenceLevel.WARNING, f"prediction error is non-finite ({error})")
+        if self._pred.count < self.min_history:
+            return None
+        return self._z_alarm("prediction_error_z", self._pred.z(error), "prediction error z-score")
+
+    def _z_alarm(self, signal: str, z: float, what: str) -> Alarm | None:
+        """A z-score's alarm at the level it reached (None: NORMAL); the score kept in `signals`."""
+        self.signals[signal] = z
+        level = self._z_level(z)
+        return (
+            Alarm(level, f"{what} {z:.1f} > {self._bound(level):.1f}")
+            if level > DivergenceLevel.NORMAL
+            else None
+        )
 
     def _bound(self, level: DivergenceLevel) -> float:
         """The z threshold that ``level`` crossed (for the reason text)."""

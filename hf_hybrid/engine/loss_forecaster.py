@@ -32,6 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .validation import check_float, check_int
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["LossForecaster", "LossForecast"]
@@ -90,20 +92,13 @@ class LossForecaster:
         seed: int = 0,
         train_every: int = 1,
     ) -> None:
-        if hidden_size < 1:
-            raise ValueError(f"hidden_size must be >= 1, got {hidden_size}")
-        if window < 2:
-            raise ValueError(f"window must be >= 2, got {window}")
-        if not (learning_rate > 0.0 and math.isfinite(learning_rate)):
-            raise ValueError(f"learning_rate must be a positive finite number, got {learning_rate}")
-        if train_iters < 0:
-            raise ValueError(f"train_iters must be >= 0, got {train_iters}")
-        if train_every < 1:
-            raise ValueError(f"train_every must be >= 1, got {train_every}")
-        if not 0.0 <= ema_beta < 1.0:
-            raise ValueError(f"ema_beta must be in [0, 1), got {ema_beta}")
-        if min_history < 2:
-            raise ValueError(f"min_history must be >= 2, got {min_history}")
+        check_int("hidden_size", hidden_size, 1)
+        check_int("window", window, 2)
+        check_float("learning_rate", learning_rate, 0.0, 1e6, low_open=True)
+        check_int("train_iters", train_iters, 0)
+        check_int("train_every", train_every, 1)
+        check_float("ema_beta", ema_beta, 0.0, 1.0, high_open=True)
+        check_int("min_history", min_history, 2)
         self.hidden_size = int(hidden_size)
         self.window = int(window)
         self.learning_rate = float(learning_rate)
@@ -113,25 +108,7 @@ class LossForecaster:
         self.min_history = int(min_history)
         self.seed = int(seed)
 
-        self._generator = torch.Generator(device="cpu")
-        self._generator.manual_seed(self.seed)
-        with torch.inference_mode(False), torch.no_grad():
-            # Built on the meta device and materialised uninitialised: nn.Module constructors would draw
-            # their default init from the *global* RNG, which must stay untouched.
-            self._gru = nn.GRU(
-                _INPUT_SIZE, self.hidden_size, batch_first=True, dtype=torch.float32, device="meta"
-            ).to_empty(device="cpu")
-            self._head = nn.Linear(self.hidden_size, 2, dtype=torch.float32, device="meta").to_empty(
-                device="cpu"
-            )
-            bound = 1.0 / math.sqrt(self.hidden_size)
-            for p in self._gru.parameters():
-                p.uniform_(-bound, bound, generator=self._generator)
-            # Small output layer: the untrained model predicts "no change" (= last value) with unit spread.
-            self._head.weight.uniform_(-0.01, 0.01, generator=self._generator)
-            self._head.bias.zero_()
-        self._params: list[nn.Parameter] = list(self._gru.parameters()) + list(self._head.parameters())
-        self._optimizer = torch.optim.Adam(self._params, lr=self.learning_rate)
+        self._build_model()
 
         # Feature rows of the last `window + 1` accepted steps; row i's target is row i+1's normalised change.
         self._features = torch.zeros(0, _INPUT_SIZE, dtype=torch.float32)
@@ -153,6 +130,28 @@ class LossForecaster:
         self._err_acc = [0.0, 0.0, 0.0]
         self._err_norm = 0.0
         self._scored = 0
+
+    def _build_model(self) -> None:
+        """The GRU and its head, initialised from the forecaster's own seeded generator, and their Adam."""
+        self._generator = torch.Generator(device="cpu")
+        self._generator.manual_seed(self.seed)
+        with torch.inference_mode(False), torch.no_grad():
+            # Built on the meta device and materialised uninitialised: nn.Module constructors would draw
+            # their default init from the *global* RNG, which must stay untouched.
+            self._gru = nn.GRU(
+                _INPUT_SIZE, self.hidden_size, batch_first=True, dtype=torch.float32, device="meta"
+            ).to_empty(device="cpu")
+            self._head = nn.Linear(self.hidden_size, 2, dtype=torch.float32, device="meta").to_empty(
+                device="cpu"
+            )
+            bound = 1.0 / math.sqrt(self.hidden_size)
+            for p in self._gru.parameters():
+                p.uniform_(-bound, bound, generator=self._generator)
+            # Small output layer: the untrained model predicts "no change" (= last value) with unit spread.
+            self._head.weight.uniform_(-0.01, 0.01, generator=self._generator)
+            self._head.bias.zero_()
+        self._params: list[nn.Parameter] = list(self._gru.parameters()) + list(self._head.parameters())
+        self._optimizer = torch.optim.Adam(self._params, lr=self.learning_rate)
 
     # ------------------------------------------------------------------ observing
     def observe(self, loss: float, learning_rate: float, grad_norm: float | None, phase_index: int) -> None:

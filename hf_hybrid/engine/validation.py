@@ -33,11 +33,14 @@ def check_int(name: str, value: Any, low: int, high: int | None = None, bounds: 
         raise ConfigError(name, value, allowed)
 
 
-def check_float(name: str, value: Any, low: float, high: float, low_open: bool = False) -> None:
+def check_float(
+    name: str, value: Any, low: float, high: float, low_open: bool = False, high_open: bool = False
+) -> None:
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value > low if low_open else value >= low) and value <= high
+    ok = ok and (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
     if not ok:
-        raise ConfigError(name, value, f"a number in {'(' if low_open else '['}{float(low)}, {float(high)}]")
+        interval = f"{'(' if low_open else '['}{float(low)}, {float(high)}{')' if high_open else ']'}"
+        raise ConfigError(name, value, f"a number in {interval}")
 
 
 def check_bool(name: str, value: Any) -> None:
