@@ -1,6 +1,6 @@
 """An arena method of your own: a `hf_hybrid.bench.Method` subclass with two kinds of step.
 
-    hf-hybrid bench --suite tiny --methods plain "examples.arena_method:FreezeAfter:k=1,after=40"
+    PYTHONPATH=. hf-hybrid bench --suite tiny --methods plain "examples.arena_method:FreezeAfter:k=1,after=5"
 
 Everything trains for the first `after` steps; from then on the embeddings and the bottom `k` blocks are
 frozen, so a step skips their backward. The two kinds cost different amounts, so the arena prices each
