@@ -95,7 +95,7 @@ def calibrate(
 def _context(task: BenchTask, seed: int, steps: int, output_dir: str, timer: StepTimer) -> TrialContext:
     return TrialContext(
         task=task,
-        learning_rate=task.learning_rate,
+        learning_rate=task.learning_rate or 1e-4,  # a step costs the same at any rate (none yet: range test)
         seed=seed,
         steps=steps,
         output_dir=output_dir,

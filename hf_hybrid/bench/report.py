@@ -105,11 +105,11 @@ def markdown(data: Mapping[str, Any]) -> str:
         "",
         *_plain_lines(data),
         "",
-        "Verdict: `wins` = every seed above 1.0x and above 1 + the plain seed band (how far one seed's plain "
-        "run reads from 1.0x on another seed's frontier); `loses` = every seed below 1 − that band, or one "
-        f"seed below 1 − twice the band (with one seed and no band: below {1 - ONE_SEED_BAND:g}x), or stopped "
-        "at 1/2 below 1 − twice the band; `ties` otherwise — one seed cannot show a win. Other seeds run only "
-        "where they can change a verdict.",
+        "Verdict: `wins` = every seed above 1.0x and above 1 + the plain seed band (how far one seed's "
+        "plain run reads from 1.0x on another seed's frontier); `loses` = every seed below 1 − that band, or "
+        "one seed below 1 − twice the band (with one seed and no band: below "
+        f"{1 - ONE_SEED_BAND:g}x), or stopped at 1/2 below 1 − twice the band; `ties` otherwise — one seed "
+        "cannot show a win. Other seeds run only where they can change a verdict.",
     ]
     lines += ["", *recommendation(data)]
     curves = curve_table(data)
@@ -275,8 +275,9 @@ def _plain_lines(data: Mapping[str, Any]) -> list[str]:
             else "the trunk is not worse beyond twice the eval noise: its branches are the frontier"
         )
         lines.append(
-            f"Schedule check: the warmup-stable-decay trunk's full-budget eval loss {check['trunk_eval_loss']:.4f} "
-            f"against {check['own_schedule_eval_loss']:.4f} with the task's own `{check['schedule']}` schedule "
+            "Schedule check: the warmup-stable-decay trunk's full-budget eval loss "
+            f"{check['trunk_eval_loss']:.4f} against {check['own_schedule_eval_loss']:.4f} with the task's "
+            f"own `{check['schedule']}` schedule "
             f"(at x{check['own_schedule_lr_multiplier']:g}, its best of three rates; paired eval noise "
             f"±{check['paired_eval_noise']:.4f}): {verdict}."
         )
@@ -311,7 +312,8 @@ def _runs(data: Mapping[str, Any]) -> list[str]:
             flag = "reused: provably the plain run"
         lines.append(
             f"| `{r['method']}` | {r['learning_rate']:.3g} | {r['seed']} | {r['kind']} "
-            f"| {r['start']}–{r['stop']} of {r['steps']} | {loss} | {r['units']:.0f} | {r['seconds']:.1f} | {flag} |"
+            f"| {r['start']}–{r['stop']} of {r['steps']} | {loss} | {r['units']:.0f} | {r['seconds']:.1f} "
+            f"| {flag} |"
         )
     return lines
 
