@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -337,23 +338,51 @@ def _task_text(task: Mapping[str, Any]) -> str:
 # ---- the picture ------------------------------------------------------------------------------------
 
 
-def short_label(method: str, limit: int = 28) -> str:
-    return method if len(method) <= limit else method[: limit - 1] + "…"
+def family(method: str) -> str:
+    """The family a method belongs to on the table and the plot: its name, a null control with its
+    method's family, an `args:` change as itself."""
+    if method.startswith("null-hybrid"):
+        return "hybrid"
+    if method.startswith("selective-backprop"):
+        return "selective-backprop"
+    if method.startswith("args:"):
+        return method
+    return method.split(":", 1)[0].replace("hybrid-predict", "hybrid")
+
+
+def short_label(row: Mapping[str, Any], limit: int = 30) -> str:
+    """A label that fits beside a plot: the method's name and its options shortened; a null control
+    named by its method (the full specs are in report.md)."""
+    parent = row.get("null_control_of")
+    if parent:
+        return "null of " + short_label({"method": parent}, limit - 8)
+    name, _, options = row["method"].partition(":")
+    options = options.replace("hybrid_", "")
+    text = f"{name}:{options}" if options else name
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def plot(data: Mapping[str, Any], path: Path) -> Path:
     """Left: each method's speed-up (median and seed range) against 1.0x, the plain seed band shaded, the
-    verdict beside it. Right: eval loss against compute, each method's points at its budgets (first seed)
-    and the plain frontier of every seed."""
+    verdict beside it. Right: eval loss against compute, one small panel per method family with the plain
+    frontier in each (the median over seeds), the axes set by the plain frontier."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     rows = [v for v in data.get("verdicts", []) if v["method"] != "plain"]
-    figure = Figure(figsize=(13, max(4.0, 0.45 * len(rows) + 1.8)), dpi=100)
+    families: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        families.setdefault(family(row["method"]), []).append(row)
+    panels = max(1, len(families))
+    grid_rows = max(2, -(-panels // 2))
+    figure = Figure(figsize=(15, max(5.0, 0.42 * len(rows) + 2.0, 2.6 * grid_rows)), dpi=100)
     FigureCanvasAgg(figure)
-    forest, losses = figure.add_subplot(1, 2, 1), figure.add_subplot(1, 2, 2)
-    _forest(forest, rows, (data.get("plain") or {}).get("seed_band"))
-    _loss_panel(losses, data, rows)
+    grid = figure.add_gridspec(grid_rows, 4)
+    _forest(figure.add_subplot(grid[:, :2]), rows, (data.get("plain") or {}).get("seed_band"))
+    frontier = _median_frontier(data)
+    for index, (name, members) in enumerate(families.items()):
+        axis = figure.add_subplot(grid[index // 2, 2 + index % 2])
+        _family_panel(axis, data, name, members, frontier)
     figure.suptitle(
         f"{data['task'].get('name')}: speed-up at equal eval loss against the tuned plain Trainer"
     )
@@ -374,63 +403,72 @@ def _forest(axis: Any, rows: Sequence[Mapping[str, Any]], band: float | None) ->
         axis.plot([min(values), max(values)], [y, y], color=colour, lw=2)
         axis.plot([row["speedup_units"]], [y], "o", color=colour)
         stopped = f" @{row['stopped_at']:g}" if row.get("stopped_at") else ""
+        seeds = f", {len(values)} seeds" if len(values) > 1 else ""
         axis.annotate(
-            f"{row['speedup_units']:.2f}x {row['verdict']}{stopped}",
+            f"{row['speedup_units']:.2f}x {row['verdict']}{stopped}{seeds}",
             (max(values), y),
             xytext=(6, -3),
             textcoords="offset points",
             fontsize=8,
         )
-    axis.set_yticks(range(len(rows), 0, -1), [short_label(r["method"]) for r in rows], fontsize=8)
-    axis.set_xlabel("speed-up in compute units (x plain; median, seed range)")
+    axis.set_yticks(range(len(rows), 0, -1), [short_label(r) for r in rows], fontsize=8)
+    axis.set_xlabel("speed-up in compute units (x the tuned plain Trainer; median, seed range)")
     high = max([1.5, *(max(r["speedup_units"] for r in row["per_seed"]) for row in rows)])
-    axis.set_xlim(0, min(high * 1.35, 4.0))
+    axis.set_xlim(0, min(high * 1.45, 4.0))
     if band:
         axis.legend(fontsize=8, loc="lower right")
 
 
-def _loss_panel(axis: Any, data: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
-    runs = data["runs"]
+def _median_frontier(data: Mapping[str, Any]) -> list[tuple[float, float]]:
+    """(units, eval loss) of the plain frontier at each budget, the median over seeds."""
     plain = data.get("plain") or {}
     best = {float(b): m for b, m in (plain.get("best_lr_multiplier") or {}).items()}
-    seeds = plain.get("seeds") or []
-    frontier_losses = []
-    for n, seed in enumerate(seeds):
-        points = [_plain_point(runs, seed, best[b], b) for b in BUDGETS if b in best]
-        points = [p for p in points if p is not None]
-        frontier_losses += [p["eval_loss"] for p in points]
+    out = []
+    for budget in BUDGETS:
+        points = [_plain_point(data["runs"], s, best[budget], budget) for s in plain.get("seeds") or []]
+        points = [p for p in points if p is not None] if budget in best else []
+        if points:
+            out.append(
+                (
+                    statistics.median(p["units"] for p in points),
+                    statistics.median(p["eval_loss"] for p in points),
+                )
+            )
+    return out
+
+
+def _family_panel(
+    axis: Any,
+    data: Mapping[str, Any],
+    name: str,
+    members: Sequence[Mapping[str, Any]],
+    frontier: Sequence[tuple[float, float]],
+) -> None:
+    if frontier:
         axis.plot(
-            [p["units"] for p in points],
-            [p["eval_loss"] for p in points],
-            "-o",
-            color="k",
-            ms=4,
-            lw=1.5,
-            alpha=0.8,
-            label="plain frontier (each seed)" if n == 0 else None,
+            *zip(*frontier, strict=True), "-o", color="k", ms=3, lw=1.5, label="plain (tuned per budget)"
         )
-    for index, row in enumerate(rows):
-        curve = row.get("curve") or []
-        if not curve:
-            continue
-        points = [_method_point(runs, row, c["budget"]) for c in curve]
+    for index, row in enumerate(members):
+        points = [_method_point(data["runs"], row, c["budget"]) for c in row.get("curve") or []]
         points = [p for p in points if p is not None]
-        axis.plot(
-            [p["units"] for p in points],
-            [p["eval_loss"] for p in points],
-            "--s",
-            color=f"C{index % 10}",
-            ms=3,
-            lw=1,
-            label=short_label(row["method"]),
-        )
-    axis.set_xlabel("compute (forward units)")
-    axis.set_ylabel("eval loss")
-    if frontier_losses:
-        low, high = min(frontier_losses), max(frontier_losses)
-        pad = 0.25 * (high - low or abs(high) * 0.05 or 0.1)
-        axis.set_ylim(low - pad, high + pad)
-    axis.legend(fontsize=7, ncol=2)
+        if points:
+            axis.plot(
+                [p["units"] for p in points],
+                [p["eval_loss"] for p in points],
+                "--s",
+                color=f"C{index % 10}",
+                ms=3,
+                lw=1,
+                label=short_label(row, 24),
+            )
+    axis.set_title(name if len(name) <= 32 else name[:31] + "…", fontsize=9)
+    axis.tick_params(labelsize=7)
+    if frontier:
+        losses = [loss for _, loss in frontier]
+        pad = 0.3 * (max(losses) - min(losses) or abs(max(losses)) * 0.05 or 0.1)
+        axis.set_ylim(min(losses) - pad, max(losses) + pad)
+        axis.set_xlim(0, max(units for units, _ in frontier) * 1.25)
+    axis.legend(fontsize=6)
 
 
 def _plain_point(runs: Sequence[Mapping[str, Any]], seed: int, multiplier: float, budget: float):
