@@ -338,9 +338,9 @@ def _task_text(task: Mapping[str, Any]) -> str:
 # ---- the picture ------------------------------------------------------------------------------------
 
 
-def family(method: str) -> str:
-    """The family a method belongs to on the table and the plot: its name, a null control with its
-    method's family, an `args:` change as itself."""
+def panel_of(method: str) -> str:
+    """The plot panel a method is drawn in: its family's (a null control with its method's family, an
+    `args:` change alone)."""
     if method.startswith("null-hybrid"):
         return "hybrid"
     if method.startswith("selective-backprop"):
@@ -372,7 +372,7 @@ def plot(data: Mapping[str, Any], path: Path) -> Path:
     rows = [v for v in data.get("verdicts", []) if v["method"] != "plain"]
     families: dict[str, list[Mapping[str, Any]]] = {}
     for row in rows:
-        families.setdefault(family(row["method"]), []).append(row)
+        families.setdefault(panel_of(row["method"]), []).append(row)
     panels = max(1, len(families))
     grid_rows = max(2, -(-panels // 2))
     figure = Figure(figsize=(15, max(5.0, 0.42 * len(rows) + 2.0, 2.6 * grid_rows)), dpi=100)
