@@ -397,15 +397,17 @@ def _forest(axis: Any, rows: Sequence[Mapping[str, Any]], band: float | None) ->
     axis.axvline(1.0, color="0.4", lw=1)
     colours = {"wins": "C2", "loses": "C3", "ties": "C0"}
     for index, row in enumerate(rows):
-        values = [r["speedup_units"] for r in row["per_seed"]]
+        key = "speedup_time" if row.get("same_trajectory") else "speedup_units"  # its verdict's own
+        values = [r[key] for r in row["per_seed"]]
         y = len(rows) - index
         colour = colours.get(row["verdict"], "C7")
         axis.plot([min(values), max(values)], [y, y], color=colour, lw=2)
-        axis.plot([row["speedup_units"]], [y], "o", color=colour)
+        axis.plot([row[key]], [y], "D" if row.get("same_trajectory") else "o", color=colour)
         stopped = f" @{row['stopped_at']:g}" if row.get("stopped_at") else ""
         seeds = f", {len(values)} seeds" if len(values) > 1 else ""
+        in_time = " in time" if row.get("same_trajectory") else ""
         axis.annotate(
-            f"{row['speedup_units']:.2f}x {row['verdict']}{stopped}{seeds}",
+            f"{row[key]:.2f}x{in_time} {row['verdict']}{stopped}{seeds}",
             (max(values), y),
             xytext=(6, -3),
             textcoords="offset points",
@@ -413,7 +415,9 @@ def _forest(axis: Any, rows: Sequence[Mapping[str, Any]], band: float | None) ->
         )
     axis.set_yticks(range(len(rows), 0, -1), [short_label(r) for r in rows], fontsize=8)
     axis.set_xlabel("speed-up in compute units (x the tuned plain Trainer; median, seed range)")
-    high = max([1.5, *(max(r["speedup_units"] for r in row["per_seed"]) for row in rows)])
+    high = max(
+        [1.5, *(max(r["speedup_units"], r.get("speedup_time", 0)) for row in rows for r in row["per_seed"])]
+    )
     axis.set_xlim(0, min(high * 1.45, 4.0))
     if band:
         axis.legend(fontsize=8, loc="lower right")
@@ -463,12 +467,30 @@ def _family_panel(
             )
     axis.set_title(name if len(name) <= 32 else name[:31] + "…", fontsize=9)
     axis.tick_params(labelsize=7)
+    notes = [
+        f"{short_label(r, 24)}: same trajectory, {r['speedup_time']:.2f}x in time"
+        for r in members
+        if r.get("same_trajectory")
+    ]
     if frontier:
         losses = [loss for _, loss in frontier]
         pad = 0.3 * (max(losses) - min(losses) or abs(max(losses)) * 0.05 or 0.1)
-        axis.set_ylim(min(losses) - pad, max(losses) + pad)
+        low, high = min(losses) - pad, max(losses) + pad
+        axis.set_ylim(low, high)
         axis.set_xlim(0, max(units for units, _ in frontier) * 1.25)
+        notes += [
+            f"{short_label(r, 24)}: above the frame (eval loss {r['final_loss_delta']:+.2f} vs plain)"
+            for r in members
+            if r.get("curve") and all(_off_frame(data, r, c["budget"], high) for c in r["curve"])
+        ]
+    if notes:
+        axis.text(0.02, 0.03, "\n".join(notes), transform=axis.transAxes, fontsize=6, va="bottom")
     axis.legend(fontsize=6)
+
+
+def _off_frame(data: Mapping[str, Any], row: Mapping[str, Any], budget: float, high: float) -> bool:
+    point = _method_point(data["runs"], row, budget)
+    return point is None or point["eval_loss"] > high
 
 
 def _plain_point(runs: Sequence[Mapping[str, Any]], seed: int, multiplier: float, budget: float):
