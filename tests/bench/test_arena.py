@@ -202,7 +202,7 @@ def test_a_killed_and_rerun_arena_is_the_uninterrupted_one(tmp_path):
     methods = ["plain", HYBRID, "null", "freeze:1"]
     uninterrupted = _arena(task, methods, tmp_path / "whole")
     whole = _facts(uninterrupted)
-    for after in (3, 17, 30):
+    for after in (17,):  # the protocol-level test stops it at four points (test_plan.py)
         out = tmp_path / f"killed-{after}"
         out.mkdir()
         # the same machine's prices: each record times its steps once, and units are priced by them
