@@ -83,7 +83,8 @@ def main() -> None:
                         }
                     )
                     print(
-                        f"{fraction:g} {shape:7} {budget:g}: {loss:.4f} (linear {linear.get(budget, float('nan')):.4f})"
+                        f"{fraction:g} {shape:7} {budget:g}: {loss:.4f} "
+                        f"(linear {linear.get(budget, float('nan')):.4f})"
                     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

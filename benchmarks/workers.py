@@ -70,9 +70,8 @@ def main() -> None:
     shutil.rmtree(out / "runs", ignore_errors=True)
     print("| workers | wall seconds | runs | eval losses equal |\n|---|---|---|---|")
     print(f"| 1 | {seconds_one:.0f} | {result['runs']} | |")
-    print(
-        f"| 2 | {seconds_two:.0f} ({result['ratio']:.2f}x of one) | {len(losses_two)} | {losses_one == losses_two} |"
-    )
+    equal = losses_one == losses_two
+    print(f"| 2 | {seconds_two:.0f} ({result['ratio']:.2f}x of one) | {len(losses_two)} | {equal} |")
 
 
 if __name__ == "__main__":

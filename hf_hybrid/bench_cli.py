@@ -21,16 +21,26 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         allow_abbrev=False,
         help="does a method make your fine-tune cheaper at the same eval loss? The plain Trainer (lr tuned, "
         "frontier of budgets) against every method you list, on your model and data",
-        description="The arena: trains your task with the plain transformers.Trainer (one warmup-stable-decay "
-        "trunk per learning rate, a cooldown branch at 1/4, 1/2 and 3/4 of the budget, the rates raced by "
-        "successive halving, so each budget has its own tuned rate) and with each method on the same "
+        description="The arena: trains your task with the plain transformers.Trainer (one "
+        "warmup-stable-decay trunk per learning rate, a cooldown branch at 1/4, 1/2 and 3/4 of the "
+        "budget, the rates raced by successive halving, so each budget has its own tuned rate) and with "
+        "each method on the same "
         "schedule, and reads each method's speed-up at equal eval loss off the plain frontier, in compute "
         "units and time, with a verdict (wins / ties / loses) against the plain runs' seed noise. Writes "
         "results.json, report.md and arena.png to --out; the same command again resumes.",
         epilog="Methods: plain, hybrid[:field=value,...], hybrid-predict, null (adds each method's null "
-        "control), freeze:k, selective-backprop[:keep=0.5,...], dropbp[:p=0.5], args:field=value,..., "
+        "control), freeze:k, selective-backprop[:keep=0.5,...], dropbp[:p=0.5], peft:lora, "
+        "args:field=value,..., "
         "module.path:Name (a Trainer subclass or TrainerCallback). `--list_methods` describes them.",
     )
+    groups = (_task_flags, _budget_flags, _judged_flags, _protocol_flags, _scaling_flags, _preset_flags)
+    for add in (*groups, _tool_flags):
+        add(bench)
+    return bench
+
+
+def _task_flags(bench: argparse.ArgumentParser) -> None:
+    """Your model and data."""
     task = bench.add_argument_group("your task")
     task.add_argument("--model_name_or_path", help="a local directory (save_pretrained) or a Hub id")
     task.add_argument("--dataset", help="CSV, JSON lines, plain text (causal_lm) or a save_to_disk folder")
@@ -53,6 +63,10 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
     )
     task.add_argument("--max_eval_samples", type=int, default=None, help="use at most this many eval rows")
     task.add_argument("--task_factory", metavar="MODULE:FUNCTION", help="a function returning a BenchTask")
+
+
+def _budget_flags(bench: argparse.ArgumentParser) -> None:
+    """The budget of your task (a preset has its own)."""
     budget = bench.add_argument_group("budget (your task; a preset has its own)")
     budget.add_argument(
         "--max_steps", type=int, default=None, help="optimizer steps of a full run (default: 200)"
@@ -65,14 +79,11 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         default=None,
         help="the plain sweep's centre (default: set by a learning-rate range test on your task)",
     )
+
+
+def _protocol_flags(bench: argparse.ArgumentParser) -> None:
+    """How the arena judges: rates, seeds, schedule, methods, the record."""
     protocol = bench.add_argument_group("protocol")
-    protocol.add_argument(
-        "--methods",
-        nargs="+",
-        default=None,
-        metavar="METHOD",
-        help="methods to judge (default: plain hybrid null)",
-    )
     protocol.add_argument(
         "--lr_multipliers",
         nargs="+",
@@ -113,7 +124,19 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         help="each method's rates, x the plain full-budget best (default: the method's own; 1 2 for most, "
         "4 8 16 for peft:lora)",
     )
-    protocol.add_argument(
+
+
+def _judged_flags(bench: argparse.ArgumentParser) -> None:
+    """What to judge, on which seeds, into which record."""
+    judged = bench.add_argument_group("what to judge")
+    judged.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        metavar="METHOD",
+        help="methods to judge (default: plain hybrid null)",
+    )
+    judged.add_argument(
         "--seeds",
         nargs="+",
         type=int,
@@ -121,12 +144,17 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         help="the first for everything; the others for plain's frontiers and for methods whose verdict "
         "they can change (default: 0)",
     )
-    protocol.add_argument("--out", default=None, help="output folder (default: bench_results/<task>)")
-    protocol.add_argument(
+    judged.add_argument("--out", default=None, help="output folder (default: bench_results/<task>)")
+    judged.add_argument(
         "--fresh",
         action="store_true",
         help="move a record of an earlier protocol aside (results.v1.json) and start over",
     )
+    judged.add_argument("--list_methods", action="store_true", help="describe every method and exit")
+
+
+def _scaling_flags(bench: argparse.ArgumentParser) -> None:
+    """Who runs the runs: local workers or Ray."""
     scale = bench.add_argument_group("scaling out")
     scale.add_argument(
         "--workers",
@@ -144,7 +172,10 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         help="run each run as a Ray task: auto (the cluster this machine belongs to), local (start one here) "
         "or HOST:PORT / ray://HOST:PORT (needs pip install 'hf-hybrid[ray]')",
     )
-    protocol.add_argument("--list_methods", action="store_true", help="describe every method and exit")
+
+
+def _preset_flags(bench: argparse.ArgumentParser) -> None:
+    """The built-in presets."""
     presets = bench.add_argument_group("built-in presets")
     presets.add_argument(
         "--suite", choices=SUITE_CHOICES, default=None, help="preset size and tasks (default: quick)"
@@ -159,6 +190,10 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="FIELD=VALUE",
         help="a hybrid_* argument for the `hybrid` method (repeatable), e.g. --hybrid hybrid_predictor=adam",
     )
+
+
+def _tool_flags(bench: argparse.ArgumentParser) -> None:
+    """The measuring tools instead of the arena: overhead and faults."""
     overhead = bench.add_argument_group("overhead")
     overhead.add_argument(
         "--overhead",
@@ -183,7 +218,6 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         "with its spike guard on) clean and with each fault injected at mid-run (default: lr_burst garbage "
         "shuffled_labels), seeds 0 1 2 unless --seeds, at the task's learning rate unless --learning_rate",
     )
-    return bench
 
 
 def bench_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -321,16 +355,13 @@ def _own_task(args: argparse.Namespace) -> Any:
         max_train_samples=args.max_train_samples,
         max_eval_samples=args.max_eval_samples,
     )
-    from pathlib import Path
 
-    return build_user_task(
-        options, args.out or f"bench_results/{Path(args.dataset).stem}", write_labels=False
-    )
+    return build_user_task(options)
 
 
 def task_from_factory(args: argparse.Namespace) -> Any:
     from .bench import BenchTask
-    from .bench.methods.registry import import_object
+    from .bench.methods.specs import import_object
     from .bench.recipe import factory_recipe
     from .data import DataError
 

@@ -66,9 +66,9 @@ _DEMO_HYBRID = {
     "hybrid_max_predict_steps": 8,
     "hybrid_confidence_threshold": 0.3,
 }
-# The spike runs' hybrid trainer: never predicts (a skill of 1 is never measured); the spike guard is on
-# by default (`hybrid_spike_guard=auto`), so this is what a user gets who turns prediction off.
-GUARD_ONLY = {"hybrid_confidence_threshold": 1.0}
+# The spike runs' hybrid trainer: never predicts (a skill of 1 is never measured), the spike guard on
+# wherever its copies fit: what a user gets who turns the guard on and prediction off.
+GUARD_ONLY = {"hybrid_confidence_threshold": 1.0, "hybrid_spike_guard": "auto"}
 SIZES: dict[str, DemoSize] = {
     "default": DemoSize(
         max_steps=600, train_blocks=4096, eval_blocks=128, logging_steps=60, hybrid=_DEMO_HYBRID

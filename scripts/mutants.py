@@ -45,12 +45,15 @@ MUTANTS: tuple[Mutant, ...] = (
         "hf_hybrid/engine/engine.py",
         (
             (
-                "                self.spike_guard.skipped(self.step_number)\n",
-                "                self.spike_guard.skipped(self.step_number)\n"
-                "                optimizer_step()\n",
+                "            if not finite and not skip_nonfinite:"
+                "  # a GradScaler must see it (it skips it itself)\n",
+                "            if finite or not skip_nonfinite:  # mutant: a skipped finite step is applied\n",
             ),
         ),
-        ("tests/faults/test_faults_steps.py::test_the_spike_guard_skips_and_restores_exactly",),
+        (
+            "tests/test_trainer_spike_guard.py::test_a_skipped_step_changes_no_weight_and_no_optimizer_state",
+            "tests/engine/test_spike_guard.py::test_a_bad_batch_is_blamed_skipped_and_changes_nothing",
+        ),
     ),
     Mutant(
         "b",
@@ -63,8 +66,8 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/faults/test_faults_steps.py::test_the_spike_guard_skips_and_restores_exactly",
-            "tests/engine/test_spike_guard.py",
+            "tests/test_trainer_spike_guard.py::test_a_restore_puts_back_the_trusted_copy_exactly",
+            "tests/engine/test_spike_guard.py::test_a_restore_puts_back_the_trusted_copy_exactly",
         ),
     ),
     Mutant(

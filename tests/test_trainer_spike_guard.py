@@ -353,13 +353,12 @@ def test_a_budget_too_small_for_a_copy_falls_back_and_says_which(tmp_path, capsy
     assert on.hybrid_stats()["spike_guard_storage"] == "none"
 
 
-def test_the_guard_is_on_by_default_for_full_and_adapter_runs(tmp_path):
-    full = hybrid_trainer(tmp_path / "full", max_steps=2)
+def test_auto_guards_full_and_adapter_runs_and_the_default_is_off(tmp_path):
+    full = hybrid_trainer(tmp_path / "full", max_steps=2, hybrid_spike_guard="auto")
     full.train()
-    lora = hybrid_trainer(tmp_path / "lora", model=lora_gpt2(), max_steps=2)
+    lora = hybrid_trainer(tmp_path / "lora", model=lora_gpt2(), max_steps=2, hybrid_spike_guard="auto")
     lora.train()
-    assert full.args.hybrid_spike_guard == "auto"
     assert full.hybrid_stats()["spike_guard"] and lora.hybrid_stats()["spike_guard"]
-    off = hybrid_trainer(tmp_path / "off", max_steps=2, hybrid_spike_guard="off")
-    off.train()
-    assert not off.hybrid_stats()["spike_guard"]
+    default = hybrid_trainer(tmp_path / "default", max_steps=2)
+    default.train()
+    assert default.args.hybrid_spike_guard == "off" and not default.hybrid_stats()["spike_guard"]

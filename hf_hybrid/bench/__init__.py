@@ -10,13 +10,10 @@ plain runs' own seed noise. Methods are plug-ins (`hf_hybrid.bench.methods`); ta
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-
-import torch
 
 from .arena import Arena, parse_methods
 from .executors import make_executor
@@ -24,6 +21,7 @@ from .methods import Method, MethodError, TrialContext, available_methods, parse
 from .plan import Protocol
 from .record import Record
 from .report import write_report
+from .runner import quiet_libraries
 from .task import BenchTask
 
 __all__ = [
@@ -34,6 +32,7 @@ __all__ = [
     "TrialContext",
     "available_methods",
     "parse_method",
+    "quiet_libraries",
     "register_method",
     "run_arena",
 ]
@@ -62,18 +61,6 @@ SUITES: dict[str, dict] = {
     },
 }
 DEFAULT_METHODS = ("plain", "hybrid", "null")
-
-
-def quiet_libraries() -> None:
-    """One torch thread (the arena's clock assumes it) and no library chatter between its own lines."""
-    from transformers.utils import logging as hf_logging
-
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    # torch.compile's workers are other processes, whose CPU time a run's clock would not see
-    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()  # "Loading weights" bars at every run's from_pretrained
-    logging.getLogger("hf_hybrid").setLevel(logging.ERROR)
 
 
 def command_line() -> str:

@@ -75,9 +75,10 @@ def calibrate(
     method whose steps raise while being timed is left unpriced, its error in `failures` (by spec)."""
     calibration = known or Calibration(forward_seconds=_forward_seconds(task, seed, warm_steps, timed_steps))
     calibration.steps = calibration.steps or timed_steps
-    calibration.step_seconds.setdefault(
-        STEP, _step_seconds(task, parse_method("plain"), seed, warm_steps, timed_steps)
-    )
+    if STEP not in calibration.step_seconds:
+        calibration.step_seconds[STEP] = _step_seconds(
+            task, parse_method("plain"), seed, warm_steps, timed_steps
+        )
     for method in methods:
         for kind in method.own_kinds():
             if kind in calibration.step_seconds:
@@ -95,7 +96,7 @@ def calibrate(
 def _context(task: BenchTask, seed: int, steps: int, output_dir: str, timer: StepTimer) -> TrialContext:
     return TrialContext(
         task=task,
-        learning_rate=task.learning_rate,
+        learning_rate=task.learning_rate or 1e-4,  # a step costs the same at any rate (none yet: range test)
         seed=seed,
         steps=steps,
         output_dir=output_dir,

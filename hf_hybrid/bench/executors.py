@@ -97,8 +97,8 @@ def _child(spec: dict[str, Any], recipe: dict[str, Any], result: str, env: dict[
         os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
     import torch
 
-    from . import quiet_libraries
     from .recipe import build_task
+    from .runner import quiet_libraries
 
     quiet_libraries()
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
@@ -134,8 +134,8 @@ class LocalPool:
             )
         if cuda_devices and workers > cuda_devices:
             raise DataError(
-                f"`--workers` {workers} is more than the {cuda_devices} CUDA device(s) here: one run per GPU; "
-                f"use --workers <= {cuda_devices}"
+                f"`--workers` {workers} is more than the {cuda_devices} CUDA device(s) here: one run per "
+                f"GPU; use --workers <= {cuda_devices}"
             )
         self.recipe = task.recipe
         self.workers = workers
@@ -208,8 +208,8 @@ def _ray_run(spec: dict[str, Any], recipe: dict[str, Any]) -> dict[str, Any]:
     """One run as a Ray task, in a fresh worker process (`max_calls=1`)."""
     import torch
 
-    from . import quiet_libraries
     from .recipe import build_task
+    from .runner import quiet_libraries
 
     quiet_libraries()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

@@ -19,10 +19,6 @@ def preset_recipe(name: str, size: str, overrides: dict[str, Any] | None = None)
     return {"preset": name, "size": size, "overrides": dict(overrides or {})}
 
 
-def user_recipe(options: dict[str, Any], out: str) -> dict[str, Any]:
-    return {"user": options, "out": out}
-
-
 def factory_recipe(spec: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"factory": spec, "overrides": dict(overrides or {})}
 
@@ -36,9 +32,9 @@ def build_task(recipe: dict[str, Any]) -> BenchTask:
     elif "user" in recipe:
         from .user_task import UserTaskOptions, build_user_task
 
-        task = build_user_task(UserTaskOptions(**recipe["user"]), recipe["out"], write_labels=False)
+        task = build_user_task(UserTaskOptions(**recipe["user"]))
     elif "factory" in recipe:
-        from .methods.registry import import_object
+        from .methods.specs import import_object
 
         task = import_object(recipe["factory"])()
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -105,11 +106,11 @@ def markdown(data: Mapping[str, Any]) -> str:
         "",
         *_plain_lines(data),
         "",
-        "Verdict: `wins` = every seed above 1.0x and above 1 + the plain seed band (how far one seed's plain "
-        "run reads from 1.0x on another seed's frontier); `loses` = every seed below 1 − that band, or one "
-        f"seed below 1 − twice the band (with one seed and no band: below {1 - ONE_SEED_BAND:g}x), or stopped "
-        "at 1/2 below 1 − twice the band; `ties` otherwise — one seed cannot show a win. Other seeds run only "
-        "where they can change a verdict.",
+        "Verdict: `wins` = every seed above 1.0x and above 1 + the plain seed band (how far one seed's "
+        "plain run reads from 1.0x on another seed's frontier); `loses` = every seed below 1 − that band, or "
+        "one seed below 1 − twice the band (with one seed and no band: below "
+        f"{1 - ONE_SEED_BAND:g}x), or stopped at 1/2 below 1 − twice the band; `ties` otherwise — one seed "
+        "cannot show a win. Other seeds run only where they can change a verdict.",
     ]
     lines += ["", *recommendation(data)]
     curves = curve_table(data)
@@ -275,8 +276,9 @@ def _plain_lines(data: Mapping[str, Any]) -> list[str]:
             else "the trunk is not worse beyond twice the eval noise: its branches are the frontier"
         )
         lines.append(
-            f"Schedule check: the warmup-stable-decay trunk's full-budget eval loss {check['trunk_eval_loss']:.4f} "
-            f"against {check['own_schedule_eval_loss']:.4f} with the task's own `{check['schedule']}` schedule "
+            "Schedule check: the warmup-stable-decay trunk's full-budget eval loss "
+            f"{check['trunk_eval_loss']:.4f} against {check['own_schedule_eval_loss']:.4f} with the task's "
+            f"own `{check['schedule']}` schedule "
             f"(at x{check['own_schedule_lr_multiplier']:g}, its best of three rates; paired eval noise "
             f"±{check['paired_eval_noise']:.4f}): {verdict}."
         )
@@ -311,7 +313,8 @@ def _runs(data: Mapping[str, Any]) -> list[str]:
             flag = "reused: provably the plain run"
         lines.append(
             f"| `{r['method']}` | {r['learning_rate']:.3g} | {r['seed']} | {r['kind']} "
-            f"| {r['start']}–{r['stop']} of {r['steps']} | {loss} | {r['units']:.0f} | {r['seconds']:.1f} | {flag} |"
+            f"| {r['start']}–{r['stop']} of {r['steps']} | {loss} | {r['units']:.0f} | {r['seconds']:.1f} "
+            f"| {flag} |"
         )
     return lines
 
@@ -335,23 +338,51 @@ def _task_text(task: Mapping[str, Any]) -> str:
 # ---- the picture ------------------------------------------------------------------------------------
 
 
-def short_label(method: str, limit: int = 28) -> str:
-    return method if len(method) <= limit else method[: limit - 1] + "…"
+def panel_of(method: str) -> str:
+    """The plot panel a method is drawn in: its family's (a null control with its method's family, an
+    `args:` change alone)."""
+    if method.startswith("null-hybrid"):
+        return "hybrid"
+    if method.startswith("selective-backprop"):
+        return "selective-backprop"
+    if method.startswith("args:"):
+        return method
+    return method.split(":", 1)[0].replace("hybrid-predict", "hybrid")
+
+
+def short_label(row: Mapping[str, Any], limit: int = 30) -> str:
+    """A label that fits beside a plot: the method's name and its options shortened; a null control
+    named by its method (the full specs are in report.md)."""
+    parent = row.get("null_control_of")
+    if parent:
+        return "null of " + short_label({"method": parent}, limit - 8)
+    name, _, options = row["method"].partition(":")
+    options = options.replace("hybrid_", "")
+    text = f"{name}:{options}" if options else name
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def plot(data: Mapping[str, Any], path: Path) -> Path:
     """Left: each method's speed-up (median and seed range) against 1.0x, the plain seed band shaded, the
-    verdict beside it. Right: eval loss against compute, each method's points at its budgets (first seed)
-    and the plain frontier of every seed."""
+    verdict beside it. Right: eval loss against compute, one small panel per method family with the plain
+    frontier in each (the median over seeds), the axes set by the plain frontier."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     rows = [v for v in data.get("verdicts", []) if v["method"] != "plain"]
-    figure = Figure(figsize=(13, max(4.0, 0.45 * len(rows) + 1.8)), dpi=100)
+    families: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        families.setdefault(panel_of(row["method"]), []).append(row)
+    panels = max(1, len(families))
+    grid_rows = max(2, -(-panels // 2))
+    figure = Figure(figsize=(15, max(5.0, 0.42 * len(rows) + 2.0, 2.6 * grid_rows)), dpi=100)
     FigureCanvasAgg(figure)
-    forest, losses = figure.add_subplot(1, 2, 1), figure.add_subplot(1, 2, 2)
-    _forest(forest, rows, (data.get("plain") or {}).get("seed_band"))
-    _loss_panel(losses, data, rows)
+    grid = figure.add_gridspec(grid_rows, 4)
+    _forest(figure.add_subplot(grid[:, :2]), rows, (data.get("plain") or {}).get("seed_band"))
+    frontier = _median_frontier(data)
+    for index, (name, members) in enumerate(families.items()):
+        axis = figure.add_subplot(grid[index // 2, 2 + index % 2])
+        _family_panel(axis, data, name, members, frontier)
     figure.suptitle(
         f"{data['task'].get('name')}: speed-up at equal eval loss against the tuned plain Trainer"
     )
@@ -366,69 +397,100 @@ def _forest(axis: Any, rows: Sequence[Mapping[str, Any]], band: float | None) ->
     axis.axvline(1.0, color="0.4", lw=1)
     colours = {"wins": "C2", "loses": "C3", "ties": "C0"}
     for index, row in enumerate(rows):
-        values = [r["speedup_units"] for r in row["per_seed"]]
+        key = "speedup_time" if row.get("same_trajectory") else "speedup_units"  # its verdict's own
+        values = [r[key] for r in row["per_seed"]]
         y = len(rows) - index
         colour = colours.get(row["verdict"], "C7")
         axis.plot([min(values), max(values)], [y, y], color=colour, lw=2)
-        axis.plot([row["speedup_units"]], [y], "o", color=colour)
+        axis.plot([row[key]], [y], "D" if row.get("same_trajectory") else "o", color=colour)
         stopped = f" @{row['stopped_at']:g}" if row.get("stopped_at") else ""
+        seeds = f", {len(values)} seeds" if len(values) > 1 else ""
+        in_time = " in time" if row.get("same_trajectory") else ""
         axis.annotate(
-            f"{row['speedup_units']:.2f}x {row['verdict']}{stopped}",
+            f"{row[key]:.2f}x{in_time} {row['verdict']}{stopped}{seeds}",
             (max(values), y),
             xytext=(6, -3),
             textcoords="offset points",
             fontsize=8,
         )
-    axis.set_yticks(range(len(rows), 0, -1), [short_label(r["method"]) for r in rows], fontsize=8)
-    axis.set_xlabel("speed-up in compute units (x plain; median, seed range)")
-    high = max([1.5, *(max(r["speedup_units"] for r in row["per_seed"]) for row in rows)])
-    axis.set_xlim(0, min(high * 1.35, 4.0))
+    axis.set_yticks(range(len(rows), 0, -1), [short_label(r) for r in rows], fontsize=8)
+    axis.set_xlabel("speed-up in compute units (x the tuned plain Trainer; median, seed range)")
+    high = max(
+        [1.5, *(max(r["speedup_units"], r.get("speedup_time", 0)) for row in rows for r in row["per_seed"])]
+    )
+    axis.set_xlim(0, min(high * 1.45, 4.0))
     if band:
         axis.legend(fontsize=8, loc="lower right")
 
 
-def _loss_panel(axis: Any, data: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
-    runs = data["runs"]
+def _median_frontier(data: Mapping[str, Any]) -> list[tuple[float, float]]:
+    """(units, eval loss) of the plain frontier at each budget, the median over seeds."""
     plain = data.get("plain") or {}
     best = {float(b): m for b, m in (plain.get("best_lr_multiplier") or {}).items()}
-    seeds = plain.get("seeds") or []
-    frontier_losses = []
-    for n, seed in enumerate(seeds):
-        points = [_plain_point(runs, seed, best[b], b) for b in BUDGETS if b in best]
-        points = [p for p in points if p is not None]
-        frontier_losses += [p["eval_loss"] for p in points]
+    out = []
+    for budget in BUDGETS:
+        points = [_plain_point(data["runs"], s, best[budget], budget) for s in plain.get("seeds") or []]
+        points = [p for p in points if p is not None] if budget in best else []
+        if points:
+            out.append(
+                (
+                    statistics.median(p["units"] for p in points),
+                    statistics.median(p["eval_loss"] for p in points),
+                )
+            )
+    return out
+
+
+def _family_panel(
+    axis: Any,
+    data: Mapping[str, Any],
+    name: str,
+    members: Sequence[Mapping[str, Any]],
+    frontier: Sequence[tuple[float, float]],
+) -> None:
+    if frontier:
         axis.plot(
-            [p["units"] for p in points],
-            [p["eval_loss"] for p in points],
-            "-o",
-            color="k",
-            ms=4,
-            lw=1.5,
-            alpha=0.8,
-            label="plain frontier (each seed)" if n == 0 else None,
+            *zip(*frontier, strict=True), "-o", color="k", ms=3, lw=1.5, label="plain (tuned per budget)"
         )
-    for index, row in enumerate(rows):
-        curve = row.get("curve") or []
-        if not curve:
-            continue
-        points = [_method_point(runs, row, c["budget"]) for c in curve]
+    for index, row in enumerate(members):
+        points = [_method_point(data["runs"], row, c["budget"]) for c in row.get("curve") or []]
         points = [p for p in points if p is not None]
-        axis.plot(
-            [p["units"] for p in points],
-            [p["eval_loss"] for p in points],
-            "--s",
-            color=f"C{index % 10}",
-            ms=3,
-            lw=1,
-            label=short_label(row["method"]),
-        )
-    axis.set_xlabel("compute (forward units)")
-    axis.set_ylabel("eval loss")
-    if frontier_losses:
-        low, high = min(frontier_losses), max(frontier_losses)
-        pad = 0.25 * (high - low or abs(high) * 0.05 or 0.1)
-        axis.set_ylim(low - pad, high + pad)
-    axis.legend(fontsize=7, ncol=2)
+        if points:
+            axis.plot(
+                [p["units"] for p in points],
+                [p["eval_loss"] for p in points],
+                "--s",
+                color=f"C{index % 10}",
+                ms=3,
+                lw=1,
+                label=short_label(row, 24),
+            )
+    axis.set_title(name if len(name) <= 32 else name[:31] + "…", fontsize=9)
+    axis.tick_params(labelsize=7)
+    notes = [
+        f"{short_label(r, 24)}: same trajectory, {r['speedup_time']:.2f}x in time"
+        for r in members
+        if r.get("same_trajectory")
+    ]
+    if frontier:
+        losses = [loss for _, loss in frontier]
+        pad = 0.3 * (max(losses) - min(losses) or abs(max(losses)) * 0.05 or 0.1)
+        low, high = min(losses) - pad, max(losses) + pad
+        axis.set_ylim(low, high)
+        axis.set_xlim(0, max(units for units, _ in frontier) * 1.25)
+        notes += [
+            f"{short_label(r, 24)}: above the frame (eval loss {r['final_loss_delta']:+.2f} vs plain)"
+            for r in members
+            if r.get("curve") and all(_off_frame(data, r, c["budget"], high) for c in r["curve"])
+        ]
+    if notes:
+        axis.text(0.02, 0.03, "\n".join(notes), transform=axis.transAxes, fontsize=6, va="bottom")
+    axis.legend(fontsize=6)
+
+
+def _off_frame(data: Mapping[str, Any], row: Mapping[str, Any], budget: float, high: float) -> bool:
+    point = _method_point(data["runs"], row, budget)
+    return point is None or point["eval_loss"] > high
 
 
 def _plain_point(runs: Sequence[Mapping[str, Any]], seed: int, multiplier: float, budget: float):

@@ -11,6 +11,8 @@ them with its calibration.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 import tempfile
 import time
 from collections.abc import Sequence
@@ -173,6 +175,18 @@ class StepTimer(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.seconds.append(self._now() - self.began)
+
+
+def quiet_libraries() -> None:
+    """One torch thread (the arena's clock assumes it) and no library chatter between its own lines."""
+    from transformers.utils import logging as hf_logging
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    # torch.compile's workers are other processes, whose CPU time a run's clock would not see
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # "Loading weights" bars at every run's from_pretrained
+    logging.getLogger("hf_hybrid").setLevel(logging.ERROR)
 
 
 def quiet(trainer: Trainer) -> Trainer:

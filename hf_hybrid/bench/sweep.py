@@ -67,7 +67,8 @@ def successive_halving(first: Sequence[float], widen: int, loss_at: LossAt) -> S
                 )
                 break
             active = sorted({*active, neighbour})
-        state.active[budget] = list(active)
+        judged = {m for m in (best / 2, best * 2) if loss_at(m, budget) is not None}
+        state.active[budget] = sorted({*active, *judged})  # a widened rate, however it was recorded
         state.best[budget] = best
         active = sorted({best, best / 2})
     return state

@@ -11,9 +11,7 @@ mapping is written to `labels.json` beside the results.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,6 @@ logger = logging.getLogger(__name__)
 
 FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".txt": "text"}
 PEFT_CHOICES = ("none", "lora")
-DEFAULT_LEARNING_RATE = {"none": 5e-5, "lora": 2e-4}
 
 
 @dataclass(frozen=True)
@@ -125,31 +122,14 @@ def read_table(flag: str, path: str) -> tuple[Any, Any]:
         raise
 
 
-def build_user_task(options: UserTaskOptions, out: str | os.PathLike, write_labels: bool = True) -> BenchTask:
-    """Load and check everything, tokenize once; the model is built per seed by the returned task.
-    `labels.json` is written to `out` only by the process that owns the record (`write_labels`)."""
+def build_user_task(options: UserTaskOptions) -> BenchTask:
+    """Load and check everything, tokenize once; the model is built per seed by the returned task. A
+    classifier's label names are in its `info` (the arena writes `labels.json` once it accepts every input).
+    Without `learning_rate` the arena's range test sets it."""
     from transformers import AutoTokenizer
 
     options.check()
-    train_rows, ready_eval = read_table("--dataset", options.dataset)
-    columns = [options.text_column] + ([options.label_column] if options.task != "causal_lm" else [])
-    _check_columns("--dataset", options.dataset, train_rows, columns)
-    if options.eval_dataset is not None:
-        eval_rows, _ = read_table("--eval_dataset", options.eval_dataset)
-        _check_columns("--eval_dataset", options.eval_dataset, eval_rows, columns)
-    elif ready_eval is not None:
-        eval_rows = ready_eval
-    else:
-        if len(train_rows) < 2:
-            raise DataError(
-                f"`--dataset` {options.dataset} has {len(train_rows)} row(s): nothing to hold out"
-            )
-        split = train_rows.train_test_split(test_size=options.eval_fraction, seed=0)
-        train_rows, eval_rows = split["train"], split["test"]
-    train_rows, eval_rows = (
-        _take(train_rows, options.max_train_samples),
-        _take(eval_rows, options.max_eval_samples),
-    )
+    train_rows, eval_rows, ready_eval = _rows(options)
     tokenizer = AutoTokenizer.from_pretrained(options.model_name_or_path)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
@@ -171,8 +151,6 @@ def build_user_task(options: UserTaskOptions, out: str | os.PathLike, write_labe
         num_labels = None
     else:
         names = _label_names(train_rows, options.label_column)
-        if write_labels:
-            _write_labels(out, names)
         info.update(label_column=options.label_column, labels=names)
         train, evaluation = (
             _classification(rows, tokenizer, options, names, split)
@@ -182,20 +160,43 @@ def build_user_task(options: UserTaskOptions, out: str | os.PathLike, write_labe
 
         collator = DataCollatorWithPadding(tokenizer)
         num_labels = len(names)
-    learning_rate = options.learning_rate or DEFAULT_LEARNING_RATE[options.peft]
     return BenchTask(
-        recipe={"user": dataclasses.asdict(options), "out": str(out)},
+        recipe={"user": dataclasses.asdict(options)},
         name=Path(options.dataset).stem or "user_task",
         task_type=options.task,
         build_model=lambda seed: load_model(options, seed, num_labels, tokenizer),
         train=train,
         evaluation=evaluation,
-        learning_rate=learning_rate,
+        learning_rate=options.learning_rate,
         max_steps=options.max_steps,
         batch_size=options.per_device_train_batch_size,
         eval_batch_size=options.per_device_eval_batch_size,
         data_collator=collator,
         info=info,
+    )
+
+
+def _rows(options: UserTaskOptions) -> tuple[Any, Any, Any]:
+    """(train rows, eval rows, the dataset's own eval split or None), each checked for its columns."""
+    train_rows, ready_eval = read_table("--dataset", options.dataset)
+    columns = [options.text_column] + ([options.label_column] if options.task != "causal_lm" else [])
+    _check_columns("--dataset", options.dataset, train_rows, columns)
+    if options.eval_dataset is not None:
+        eval_rows, _ = read_table("--eval_dataset", options.eval_dataset)
+        _check_columns("--eval_dataset", options.eval_dataset, eval_rows, columns)
+    elif ready_eval is not None:
+        eval_rows = ready_eval
+    else:
+        if len(train_rows) < 2:
+            raise DataError(
+                f"`--dataset` {options.dataset} has {len(train_rows)} row(s): nothing to hold out"
+            )
+        split = train_rows.train_test_split(test_size=options.eval_fraction, seed=0)
+        train_rows, eval_rows = split["train"], split["test"]
+    return (
+        _take(train_rows, options.max_train_samples),
+        _take(eval_rows, options.max_eval_samples),
+        ready_eval,
     )
 
 
@@ -298,9 +299,3 @@ def _classification(rows: Any, tokenizer: Any, options: UserTaskOptions, names: 
         return encoded
 
     return rows.map(encode, batched=True, remove_columns=rows.column_names)
-
-
-def _write_labels(out: str | os.PathLike, names: list[str]) -> None:
-    path = Path(out)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "labels.json").write_text(json.dumps({"id2label": dict(enumerate(names))}, indent=1) + "\n")

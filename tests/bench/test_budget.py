@@ -12,7 +12,10 @@ from hf_hybrid.bench.recipe import build_task, preset_recipe
 from hf_hybrid.bench.spec import BRANCH, SEGMENT, SEPARATE, RunSpec, schedule_json
 from hf_hybrid.data import DataError
 
-HYBRID = "hybrid:warmup_steps=3,full_steps=1,confidence_threshold=0,min_history=2,max_predict_steps=2,check_every=0"
+HYBRID = (
+    "hybrid:warmup_steps=3,full_steps=1,confidence_threshold=0,min_history=2,max_predict_steps=2,"
+    "check_every=0"
+)
 
 
 @pytest.fixture(scope="module")

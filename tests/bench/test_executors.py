@@ -17,7 +17,7 @@ from hf_hybrid.bench.executors import LocalPool, RayExecutor, check_ray_address,
 from hf_hybrid.bench.recipe import build_task, preset_recipe
 from hf_hybrid.data import DataError
 
-METHODS = ["plain", "freeze:1", "dropbp:p=0.5"]
+METHODS = ["plain", "freeze:1"]
 PROTOCOL = Protocol(seeds=(0, 1), lr_multipliers=(1.0, 2.0), widen=1, warm_steps=1, timed_steps=2)
 
 

@@ -78,7 +78,7 @@ def _options(root, **changes):
 def test_a_users_csv_and_local_model_run_through_the_arena(user_files, tmp_path):
     from hf_hybrid.bench.user_task import build_user_task
 
-    task = build_user_task(_options(user_files, max_steps=8), tmp_path, write_labels=False)
+    task = build_user_task(_options(user_files, max_steps=8))
     assert not (tmp_path / "labels.json").exists()  # written once the arena accepts every input
     assert len(task.evaluation) == math.ceil(0.15 * 36) and set(task.train["labels"]) == {0, 1, 2}
     protocol = TINY
@@ -92,6 +92,13 @@ def test_a_users_csv_and_local_model_run_through_the_arena(user_files, tmp_path)
     assert data["task"]["labels"] == ["email", "http", "xml"]
     assert [v["method"] for v in data["verdicts"]] == ["plain", "freeze:1"]
     assert all(math.isfinite(r["eval_loss"]) for r in data["runs"] if r["point"])
+    # no --learning_rate: a range test set the sweep's centre, and every rate is a multiple of it
+    (test,) = [r for r in data["runs"] if r["kind"] == "range_test"]
+    base = data["decisions"]["base_learning_rate"]
+    assert 0 < base < 10 and len(test["losses"]) == test["stop"]
+    assert all(
+        r["learning_rate"] == pytest.approx(base * r["lr_multiplier"]) for r in data["runs"] if r["point"]
+    )
 
 
 @pytest.fixture
@@ -137,13 +144,13 @@ def test_bad_data_and_model_inputs_are_refused_before_training(
     }
     changes = {k: paths.get(v, v) for k, v in changes.items()}
     with pytest.raises(DataError, match=message):
-        build_user_task(_options(user_files, **changes), tmp_path)
+        build_user_task(_options(user_files, **changes))
 
 
 def test_a_bad_method_or_budget_is_refused_before_training(user_files, tmp_path, no_training):
     from hf_hybrid.bench.user_task import build_user_task
 
-    task = build_user_task(_options(user_files), tmp_path, write_labels=False)
+    task = build_user_task(_options(user_files))
     with pytest.raises(MethodError, match="unknown method 'frobnicate'; methods: "):
         run_arena(task, ["plain", "frobnicate"], Protocol(), tmp_path)
     task.max_steps = 3

@@ -151,13 +151,12 @@ def test_learning_rate_set_absurdly_high(tmp_path, invariants, phase):
     assert all(math.isfinite(r["loss"]) for r in timeline if r["loss"] is not None)
 
 
-@pytest.mark.parametrize(("fault", "steps"), [("garbage", 2), ("lr_burst", 3)])
-def test_the_spike_guard_skips_and_restores_exactly(tmp_path, invariants, fault, steps):
-    """With the spike guard on, the fault bench's faults at mid-run (`hf_hybrid.bench.faults`): garbage
-    batches are skipped as bad batches, an lr x30 burst is restored. The invariants check each such step:
-    a skipped step left every trainable weight and the optimizer state bit-identical, a restore put back
-    exactly the trusted copy's weights and optimizer state (the same batches and seed as the Trainer-level
-    spike-guard tests)."""
+def test_the_spike_guard_skips_exactly(tmp_path, invariants):
+    """With the spike guard on, two batches of random tokens at mid-run (the fault bench's `garbage`) are
+    blamed on the data and skipped; the invariants check each skipped step left every trainable weight and
+    the optimizer state bit-identical. (An lr burst's restore, exact with Adam and an 8-bit optimizer, is
+    `test_trainer_spike_guard.py::test_a_restore_puts_back_the_trusted_copy_exactly`: the bench's x30 is
+    a blip on this model that the guard rightly leaves alone.)"""
     from hf_hybrid.bench.faults import FaultWindow, inject
 
     trainer = invariants.watch(
@@ -169,11 +168,8 @@ def test_the_spike_guard_skips_and_restores_exactly(tmp_path, invariants, fault,
             hybrid_guard_every=5,
         )
     )
-    inject(trainer, FaultWindow(fault, 50, steps), seed=0)
+    inject(trainer, FaultWindow("garbage", 50, 2), seed=0)
     trainer.train()
     invariants.verify()
     stats = trainer.hybrid_stats()
-    if fault == "garbage":
-        assert stats["skips"] == steps and invariants.actions_checked["spike_skip"] == steps, stats
-    else:
-        assert stats["restores"] >= 1 and invariants.actions_checked["spike_restore"] == stats["restores"]
+    assert stats["skips"] == 2 and invariants.actions_checked["spike_skip"] == 2, stats

@@ -5,21 +5,41 @@
     parse_method("my_pkg.tricks:MyTrainer")   # a Trainer subclass or TrainerCallback by import path
     register_method(MyMethod)            # MyMethod.name is then a spec like the built-ins
 
-Built-ins: `plain`, `hybrid`, `hybrid-predict`, `null`, `freeze`, `selective-backprop`, `dropbp`, `args`.
+Built-ins: `plain`, `hybrid`, `hybrid-predict`, `null`, `freeze`, `selective-backprop`, `dropbp`, `args`,
+`peft`, registered here (each built-in module imports only `base`).
 """
 
 from __future__ import annotations
 
 from .base import BLIND, BRANCHED, CONSTANT, FORWARD, SEPARATE_RUNS, STEP, Method, MethodError, TrialContext
+from .builtin import Hybrid, HybridPredict, NullHybrid, Plain, TrainingArgumentsOverride
+from .dropbp import DropBP
+from .freeze import Freeze
+from .peft_lora import PeftAdapters
 from .registry import (
     NULL,
     available_methods,
+    builtin,
     describe_methods,
     parse_method,
-    parse_options,
     register_method,
     unregister_method,
 )
+from .selective_backprop import SelectiveBackprop
+from .specs import parse_options
+
+for _method in (
+    Plain,
+    TrainingArgumentsOverride,
+    Hybrid,
+    HybridPredict,
+    NullHybrid,
+    Freeze,
+    SelectiveBackprop,
+    DropBP,
+    PeftAdapters,
+):
+    builtin(_method)
 
 __all__ = [
     "BLIND",

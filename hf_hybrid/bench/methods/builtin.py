@@ -8,7 +8,6 @@ import typing
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .base import BLIND, BRANCHED, CONSTANT, FORWARD, STEP, Method, MethodError, TrialContext
-from .registry import builtin
 
 if TYPE_CHECKING:
     from transformers import Trainer
@@ -30,7 +29,6 @@ SAME_TRAJECTORY_FIELDS = frozenset(
 SAME_TRAJECTORY_OPTIMIZERS = frozenset({"adamw_torch", "adamw_torch_fused"})
 
 
-@builtin
 class Plain(Method):
     """The baseline: `transformers.Trainer` as it is."""
 
@@ -44,7 +42,6 @@ class Plain(Method):
         return Trainer(args=ctx.training_arguments(), **ctx.trainer_kwargs(model, train, evaluation))
 
 
-@builtin
 class TrainingArgumentsOverride(Method):
     """The plain Trainer with `TrainingArguments` fields changed: exact tricks judged like any method."""
 
@@ -95,7 +92,6 @@ class TrainingArgumentsOverride(Method):
         return (self.kind(STEP),)
 
 
-@builtin
 class Hybrid(Method):
     """`HybridHFTrainer` with any `hybrid_*` override (`hybrid:confidence_threshold=0.3`, the `hybrid_`
     prefix optional). Real steps cost a plain step, checked predicted steps a forward, blind ones none."""
@@ -189,7 +185,6 @@ class Hybrid(Method):
         return trainer.hybrid_stats()["no_predict_reason"]
 
 
-@builtin
 class HybridPredict(Hybrid):
     """The hybrid trainer forced to predict, with the settings that did best so far on this project's
     tasks (blind predicted steps, a low threshold, short phases, no bandit; `benchmarks/README.md`)."""
@@ -225,7 +220,6 @@ class HybridPredict(Hybrid):
         return settings
 
 
-@builtin
 class NullHybrid(Hybrid):
     """A hybrid run's null control: its phases replayed with the null predictor, so the same batches go
     without a backward and nothing is applied. What a predictor adds is the difference to this."""

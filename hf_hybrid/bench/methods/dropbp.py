@@ -18,7 +18,6 @@ import torch
 
 from .base import STEP, Method, MethodError, TrialContext
 from .blocks import BlocksNotFound, find_blocks
-from .registry import builtin
 
 if TYPE_CHECKING:
     from torch import nn
@@ -27,7 +26,6 @@ if TYPE_CHECKING:
 STATE_FILE = "dropbp_state.pt"
 
 
-@builtin
 class DropBP(Method):
     name: ClassVar[str] = "dropbp"
     summary: ClassVar[str] = "each block's backward skipped with probability p per step (dropbp:p=0.5)"

@@ -11,14 +11,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from .base import STEP, Method, MethodError, TrialContext
 from .blocks import BlocksNotFound, find_blocks, input_side, trainable
-from .registry import builtin
 
 if TYPE_CHECKING:
     from torch import nn
     from transformers import Trainer
 
 
-@builtin
 class Freeze(Method):
     name: ClassVar[str] = "freeze"
     summary: ClassVar[str] = "embeddings and the bottom k blocks frozen for the whole run (freeze:k)"

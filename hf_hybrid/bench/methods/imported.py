@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .base import SEPARATE_RUNS, STEP, Method, MethodError, TrialContext
-from .registry import import_object, parse_options
+from .specs import import_object, parse_options
 
 if TYPE_CHECKING:
     from transformers import Trainer

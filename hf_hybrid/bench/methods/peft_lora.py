@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .base import STEP, Method, MethodError, TrialContext
-from .registry import builtin
 
 if TYPE_CHECKING:
     from transformers import Trainer
@@ -19,7 +18,6 @@ if TYPE_CHECKING:
 KINDS = ("lora",)
 
 
-@builtin
 class PeftAdapters(Method):
     name: ClassVar[str] = "peft"
     summary: ClassVar[str] = "the task's model with LoRA adapters instead of a full fine-tune (peft:lora,r=8)"

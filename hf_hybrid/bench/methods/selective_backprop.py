@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 
 from .base import SEPARATE_RUNS, STEP, Method, TrialContext
-from .registry import builtin
 
 if TYPE_CHECKING:
     from transformers import Trainer
@@ -23,7 +22,6 @@ if TYPE_CHECKING:
 RULES = ("loss", "uniform")
 
 
-@builtin
 class SelectiveBackprop(Method):
     """Its selection window is a share of the whole run, so a shorter budget is a different run from the
     first step: the arena runs each budget it reads separately."""
