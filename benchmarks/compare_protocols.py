@@ -41,18 +41,32 @@ def old_cost(record: dict) -> float:
     return sum(r["units"] for r in record["runs"]) / (sum(full) / len(full))
 
 
-def new_cost(record: dict) -> float:
-    """Own units of every run (cumulative units minus the units of the run it continued)."""
+def part(row: dict, old_methods: set[str]) -> str:
+    """What a run of the second protocol was for: plain's sweep and frontier, the check of plain's
+    schedule (plain's separate runs), a method the first protocol also ran, or one new to the second."""
+    if row["method"] == "plain":
+        return "schedule check" if row["kind"] == "separate" else "plain"
+    return "same methods" if row["method"] in old_methods else "new methods"
+
+
+def new_cost(record: dict, old_methods: set[str] | None = None) -> dict[str, float]:
+    """Own units of every run (cumulative units minus the units of the run it continued), over a plain
+    full run's, in total and by `part` when the first protocol's methods are given."""
     runs = record["runs"]
     ends = {(r["spec"].get("trunk_dir"), r["stop"]): r for r in runs if r["kind"] == "segment"}
-    total = 0.0
+    full = [r["units"] for r in runs if r["method"] == "plain" and r["budget"] == 1.0 and r["point"]]
+    plain_run = sum(full) / len(full)
+    parts: dict[str, float] = {"total": 0.0}
     for r in runs:
         if r.get("reused_from") or r.get("error"):
             continue
         before = ends.get((r["spec"].get("trunk_dir"), r["start"])) if r["start"] else None
-        total += r["units"] - (before["units"] if before else 0.0)
-    full = [r["units"] for r in runs if r["method"] == "plain" and r["budget"] == 1.0 and r["point"]]
-    return total / (sum(full) / len(full))
+        own = (r["units"] - (before["units"] if before else 0.0)) / plain_run
+        parts["total"] += own
+        if old_methods is not None:
+            name = part(r, old_methods)
+            parts[name] = parts.get(name, 0.0) + own
+    return parts
 
 
 def cell(row: dict | None) -> str:
@@ -85,13 +99,23 @@ def main() -> None:
         cells = [f"{cell(pick(old, name))} → {cell(pick(new, name))}" for old, new in records.values()]
         print(f"| {label} | " + " | ".join(cells) + " |")
     print()
-    print("| task | first protocol, plain full runs | second | second / first | seed band first → second |")
-    print("|---|---|---|---|---|")
+    print(
+        "| task | first protocol, plain full runs | second | second / first | second: plain's sweep and "
+        "frontier | schedule check | the first's methods | new methods | second without the new methods "
+        "/ first | seed band first → second |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for task, (old, new) in records.items():
-        a, b = old_cost(old), new_cost(new)
+        a = old_cost(old)
+        parts = new_cost(new, {r["method"] for r in old["runs"]})
+        b = parts["total"]
+        like = b - parts.get("new methods", 0.0)
         band_old, band_new = old["plain"].get("seed_band"), (new.get("plain") or {}).get("seed_band")
         bands = f"±{band_old:.2f} → " + (f"±{band_new:.2f}" if band_new is not None else "–")
-        print(f"| `{task}` | {a:.1f} | {b:.1f} | {b / a:.2f} | {bands} |")
+        shares = " | ".join(
+            f"{parts.get(name, 0.0):.1f}" for name in ("plain", "schedule check", "same methods", "new methods")
+        )
+        print(f"| `{task}` | {a:.1f} | {b:.1f} | {b / a:.2f} | {shares} | {like / a:.2f} | {bands} |")
 
 
 if __name__ == "__main__":

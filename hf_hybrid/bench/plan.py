@@ -266,7 +266,7 @@ class Planner:
         for budget in budgets[budgets.index(decided_at) + 1 :]:
             if budget > RACE_TO and self._stops_early(method, chosen, budgets, record):
                 return
-            self._need([self.point_spec(method.spec, self.first, chosen, budget)])
+            self._need([self._method_point(method, chosen, budget)])
         self._null(method, chosen, [self.first])
         self._more_seeds(method, chosen, record)
 
@@ -276,16 +276,28 @@ class Planner:
         """(the chosen rate, the budget where it was chosen): the best unit speed-up at 1/4, or at 1/2
         between the two largest when the largest won at 1/4."""
         at = budgets[0]
-        self._need([self.point_spec(method.spec, self.first, r, at) for r in rates])
+        self._need([self._method_point(method, r, at) for r in rates])
         winner = self._winner(method, rates, at)
         record["race"] = {str(at): {"rates": rates, "winner": winner}}
         if len(rates) == 1 or winner != rates[-1] or RACE_TO not in budgets:
             return winner, at
         pair = rates[-2:]
-        self._need([self.point_spec(method.spec, self.first, r, RACE_TO) for r in pair])
+        self._need([self._method_point(method, r, RACE_TO) for r in pair])
         winner = self._winner(method, pair, RACE_TO)
         record["race"][str(RACE_TO)] = {"rates": pair, "winner": winner}
         return winner, RACE_TO
+
+    def _method_point(self, method: Method, rate: float, budget: float) -> RunSpec:
+        """The first seed's point of `method` at `budget`; a run that provably trains like plain there
+        (a hybrid run inside its warmup) is the plain run at that rate, reused when it is recorded."""
+        spec = self.point_spec(method.spec, self.first, rate, budget)
+        if self._row(spec) is None and method.provably_plain(
+            self.budgets.max_steps, self.budgets.steps(budget)
+        ):
+            twin = self._row(self.point_spec("plain", self.first, rate, budget))
+            if twin is not None:
+                self.reuse.setdefault(spec.key, (spec, twin.key))
+        return spec
 
     def _winner(self, method: Method, rates: Sequence[float], budget: float) -> float:
         """The rate with the best unit speed-up at `budget` on the first seed (then the lower loss)."""
@@ -359,6 +371,8 @@ class Planner:
             if self._row(spec) is not None:
                 continue
             twin = self._plain_twin(parent, parents) if null.replays_parent else None
+            if parent.reused_from is not None and null.replays_parent:  # the parent is plain's run
+                twin = self.rows.get(parent.reused_from)
             if twin is not None:
                 self.reuse.setdefault(spec.key, (spec, twin.key))
                 continue

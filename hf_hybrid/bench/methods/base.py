@@ -152,9 +152,9 @@ class Method:
     def null_spec(self) -> str | None:
         return None
 
-    def provably_plain(self, max_steps: int) -> str | None:
-        """Why every run of this method within `max_steps` trains exactly like the plain Trainer (its
-        runs are then the plain runs, reused), or None."""
+    def provably_plain(self, max_steps: int, steps: int | None = None) -> str | None:
+        """Why a run of this method `steps` long (default: the whole budget) on a task of `max_steps` trains
+        exactly like the plain Trainer (it is then the plain run, reused), or None."""
         return None
 
     def describe_run(self, trainer: Trainer) -> dict[str, Any]:

@@ -134,16 +134,17 @@ class Hybrid(Method):
         its trunk and every branch, so that a branch continues the trunk's engine)."""
         return dict(self.overrides)
 
-    def provably_plain(self, max_steps: int) -> str | None:
+    def provably_plain(self, max_steps: int, steps: int | None = None) -> str | None:
         from ...args import HybridTrainingArguments
 
+        steps = max_steps if steps is None else steps
         settings = self.settings(max_steps)
         if not settings.get("hybrid_enabled", True):
             return "hybrid_enabled=False: the plain Trainer"
         warmup = settings.get("hybrid_warmup_steps", HybridTrainingArguments.hybrid_warmup_steps)
-        if self.replays_parent or warmup < max_steps:
+        if self.replays_parent or warmup < steps:
             return None
-        return f"its warmup ({warmup} steps) covers the whole budget ({max_steps} steps): plain steps only"
+        return f"its warmup ({warmup} steps) covers the whole budget ({steps} steps): plain steps only"
 
     def step_counts(self, trainer: Trainer, steps: int) -> dict[str, int]:
         engine = getattr(trainer, "engine", None)
