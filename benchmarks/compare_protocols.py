@@ -41,6 +41,9 @@ def old_cost(record: dict) -> float:
     return sum(r["units"] for r in record["runs"]) / (sum(full) / len(full))
 
 
+PARTS = ("plain", "schedule check", "same methods", "new methods")
+
+
 def part(row: dict, old_methods: set[str]) -> str:
     """What a run of the second protocol was for: plain's sweep and frontier, the check of plain's
     schedule (plain's separate runs), a method the first protocol also ran, or one new to the second."""
@@ -90,7 +93,7 @@ def main() -> None:
     for task in TASK_ORDER:
         path = new_dir / task / "results.json"
         new = json.loads(path.read_text()) if path.is_file() else {}
-        if new.get("schema_version") == 2:
+        if new.get("schema_version") == 2 and new.get("verdicts"):  # judged: its first command finished
             records[task] = (old_record(task), new)
     tasks = list(records)
     print("| method | " + " | ".join(f"`{t}` first → second" for t in tasks) + " |")
@@ -112,9 +115,7 @@ def main() -> None:
         like = b - parts.get("new methods", 0.0)
         band_old, band_new = old["plain"].get("seed_band"), (new.get("plain") or {}).get("seed_band")
         bands = f"±{band_old:.2f} → " + (f"±{band_new:.2f}" if band_new is not None else "–")
-        shares = " | ".join(
-            f"{parts.get(name, 0.0):.1f}" for name in ("plain", "schedule check", "same methods", "new methods")
-        )
+        shares = " | ".join(f"{parts.get(name, 0.0):.1f}" for name in PARTS)
         print(f"| `{task}` | {a:.1f} | {b:.1f} | {b / a:.2f} | {shares} | {like / a:.2f} | {bands} |")
 
 

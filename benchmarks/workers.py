@@ -2,8 +2,9 @@
 
 Runs `hf-hybrid bench --suite quick --tasks clm_stdlib` (methods `plain hybrid null`) twice from empty
 records, once with one worker process and once with two (one torch thread each, each pinned to its own
-core), starting the second from the first's calibration so that both price steps alike. Prints a table
-and writes JSON:
+core), starting the second from the first's calibration so that both price steps alike; each is timed
+from the moment its runs start (the calibration, which only the first does, is not in either). Prints a
+table and writes JSON:
 
     python benchmarks/workers.py --out benchmarks/results/workers
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -22,12 +24,18 @@ COMMAND = ["bench", "--suite", "quick", "--tasks", "clm_stdlib", "--methods", "p
 
 
 def arena(out: Path, workers: int) -> float:
-    """Wall seconds of one arena into `out` (whatever `out` holds is resumed)."""
-    began = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "hf_hybrid.cli", *COMMAND, "--workers", str(workers), "--out", str(out)],
-        check=True,
-    )
+    """Wall seconds of one arena's runs into `out` (whatever `out` holds is resumed), from the line that
+    says they start (after the calibration, which only the first arena does) to the end."""
+    command = [sys.executable, "-m", "hf_hybrid.cli", *COMMAND, "--workers", str(workers), "--out", str(out)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # each line as it is printed: the clock starts on one
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    began = None
+    for line in process.stdout:
+        sys.stdout.write(line)
+        if began is None and line.startswith("running on "):
+            began = time.perf_counter()
+    if process.wait() != 0 or began is None:
+        raise SystemExit(f"{' '.join(command)} failed (exit code {process.returncode})")
     return time.perf_counter() - began
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from engine_loop import (
     Loop,
+    Record,
     clone,
     engine_config,
     equal,
@@ -84,19 +85,26 @@ def faulty_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         unregister_predictor(cls.name)
 
 
+def _faulty_step_mid_phase(loop: Loop) -> tuple[_FaultyPredictor, dict[str, torch.Tensor], Record]:
+    """Run to a predict phase that has moved the weights, then one step whose prediction fails: the
+    predictor, the phase's snapshot and that step's record."""
+    predictor = loop.engine.predictor
+    assert isinstance(predictor, _FaultyPredictor)
+    loop.run_until(mid_phase_with_moved_params)
+    snapshot = clone(loop.engine.guard.snapshot)
+    predictor.armed = True
+    record = loop.step()
+    predictor.armed = False
+    assert record.plan.phase is Phase.PREDICT
+    return predictor, snapshot, record
+
+
 @pytest.mark.usefixtures("faulty_registry")
 class TestFaultyPredictors:
     @pytest.mark.parametrize("name", ["test-nan", "test-raising"])
     def test_bad_prediction_mid_phase_rolls_back_and_forces_full(self, name: str) -> None:
         loop = Loop(engine_config(predictor=name, check_every=0))
-        predictor = loop.engine.predictor
-        assert isinstance(predictor, _FaultyPredictor)
-        loop.run_until(mid_phase_with_moved_params)
-        snapshot = clone(loop.engine.guard.snapshot)
-        predictor.armed = True
-        record = loop.step()
-        predictor.armed = False
-        assert record.plan.phase is Phase.PREDICT
+        predictor, snapshot, record = _faulty_step_mid_phase(loop)
         assert not record.outcome.applied_update
         assert record.optimizer_calls == 0
         assert equal(loop.params, snapshot)  # rolled back to the start of the phase
@@ -120,14 +128,7 @@ class TestFaultyPredictors:
         loop = Loop(
             dataclasses.replace(engine_config(predictor="test-nan", check_every=0), rollback=rollback)
         )
-        predictor = loop.engine.predictor
-        assert isinstance(predictor, _FaultyPredictor)
-        loop.run_until(mid_phase_with_moved_params)
-        snapshot = clone(loop.engine.guard.snapshot)
-        predictor.armed = True
-        record = loop.step()
-        predictor.armed = False
-        assert record.plan.phase is Phase.PREDICT
+        predictor, snapshot, record = _faulty_step_mid_phase(loop)
         assert loop.engine.stats()["refused_updates"] == 1  # the refusal happened, at this step
         assert any("non-finite" in reason for reason in record.outcome.reasons)
         assert not record.outcome.applied_update
