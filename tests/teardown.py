@@ -1,4 +1,4 @@
-"""The end of a gloo worker script, shared by the distributed test scripts."""
+"""The end of a gloo worker script, shared by the distributed test programs (tests/programs/)."""
 
 from __future__ import annotations
 

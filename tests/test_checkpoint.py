@@ -130,7 +130,7 @@ def _run_script(tmp_path, *args, check=True):
     from pathlib import Path
 
     result = tmp_path / f"result-{len(list(tmp_path.glob('result-*')))}.json"
-    script = Path(__file__).parent / "scripts" / "hybrid_run.py"
+    script = Path(__file__).parent / "programs" / "hybrid_run.py"
     proc = subprocess.run(
         [sys.executable, str(script), "--result", str(result), *map(str, args)],
         capture_output=True,

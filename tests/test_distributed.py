@@ -33,7 +33,7 @@ from hf_hybrid.checkpoint import HYBRID_STATE_FILE, HYBRID_STATE_JSON
 pytestmark = pytest.mark.distributed
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tests" / "scripts" / "distributed_run.py"
+SCRIPT = ROOT / "tests" / "programs" / "distributed_run.py"
 CONFIGS = ROOT / "examples" / "accelerate_configs"
 ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
@@ -212,7 +212,7 @@ def test_fsdp2_predicts_on_two_gpus(tmp_path):
     """accelerate's own FSDP2 path (no CPU shim): the same phases and weights on both ranks, predict
     phases on. The CPU twin with every check is tests/test_fsdp2_trainer.py."""
     log = tmp_path / "log.txt"
-    script = ROOT / "tests" / "scripts" / "fsdp2_trainer_run.py"
+    script = ROOT / "tests" / "programs" / "fsdp2_trainer_run.py"
     proc = _start(
         [*TORCHRUN, "--nproc_per_node", "2", str(script), "--out", str(tmp_path)]
         + ["--fsdp", "--batch", "4", "--no-use-cpu", "--scenarios", "run"],

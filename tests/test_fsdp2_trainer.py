@@ -1,8 +1,8 @@
 """HybridHFTrainer under accelerate's FSDP2, two gloo ranks on CPU, against one process.
 
-accelerate refuses FSDP on CPU, so tests/scripts/fsdp2_cpu_shim.py forces its FSDP2 path (test-only;
+accelerate refuses FSDP on CPU, so tests/programs/fsdp2_cpu_shim.py forces its FSDP2 path (test-only;
 see its docstring): `prepare` then applies `fully_shard` and every trainable parameter is a DTensor
-sharded on dim 0, as on GPUs. tests/scripts/fsdp2_trainer_run.py trains a GPT-2 (2 x 64) with predict
+sharded on dim 0, as on GPUs. tests/programs/fsdp2_trainer_run.py trains a GPT-2 (2 x 64) with predict
 phases on two ranks (4 per rank) and in one process (8), with the same global batch: the sampler draws
 one seeded permutation and rank r takes the r-th consecutive batch of 4, FSDP averages the gradients,
 and dropout is off. Only the order of float sums differs (per-rank loss means, the gradient
@@ -36,7 +36,7 @@ from hf_hybrid.checkpoint import HYBRID_STATE_FILE, HybridCheckpointError
 pytestmark = pytest.mark.distributed
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tests" / "scripts" / "fsdp2_trainer_run.py"
+SCRIPT = ROOT / "tests" / "programs" / "fsdp2_trainer_run.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 REL_TOL = 1e-5
 GRAD_NORM_TOL = 1e-4

@@ -1,6 +1,6 @@
 """The engine on FSDP2-sharded parameters: two gloo ranks under torchrun with `fully_shard`, on CPU.
 
-tests/scripts/fsdp_engine_run.py trains a small MLP through `HybridEngine` with predict phases, once
+tests/programs/fsdp_engine_run.py trains a small MLP through `HybridEngine` with predict phases, once
 sharded over two ranks and once in one process with the same global batch (each rank takes half of
 it; FSDP averages the gradients). Only the order of float sums differs (the per-rank loss means, the
 gradient reduce-scatter, the all-reduced skill sums), so losses agree to ~1e-6 relative and weights to
@@ -28,7 +28,7 @@ from hf_hybrid.engine.state import join_state
 pytestmark = pytest.mark.distributed
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tests" / "scripts" / "fsdp_engine_run.py"
+SCRIPT = ROOT / "tests" / "programs" / "fsdp_engine_run.py"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 REL_TOL = 1e-5
 

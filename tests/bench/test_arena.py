@@ -85,9 +85,9 @@ def test_every_budget_has_its_own_tuned_plain_rate_and_the_sweep_says_where(aren
 def test_a_points_cost_includes_the_trunk_it_branched_from(arena):
     _, data, _ = arena
     units = data["calibration"]["units"]
-    for run in data["runs"]:
-        if run.get("error") or run.get("reused_from"):
-            continue
+    priced = [r for r in data["runs"] if not r.get("error") and not r.get("reused_from")]
+    assert any(r["kind"] == "branch" for r in priced)
+    for run in priced:
         assert run["units"] == pytest.approx(sum(n * units[k] for k, n in run["step_counts"].items()))
         if run["kind"] == "branch":
             assert sum(run["step_counts"].values()) == run["stop"]  # from step 0, not from the fork
@@ -119,9 +119,13 @@ def test_the_null_of_a_run_that_predicted_nothing_is_the_plain_run_reused(arena)
 def test_the_other_seeds_run_only_where_they_can_change_a_verdict(arena):
     _, data, _ = arena
     band = data["plain"]["seed_band"]
-    for verdict in data["verdicts"][1:]:
-        if verdict.get("null_control_of") or verdict.get("same_trajectory") or verdict.get("stopped_at"):
-            continue
+    judged = [
+        v
+        for v in data["verdicts"][1:]
+        if not (v.get("null_control_of") or v.get("same_trajectory") or v.get("stopped_at"))
+    ]
+    assert judged
+    for verdict in judged:
         first = next(r for r in verdict["curve"] if r["budget"] == 1.0)["speedup_units"]
         could_change = first > 1 + band or 1 - 2 * band <= first < 1 - band
         assert verdict["seeds"] == ([0, 1] if could_change else [0]), verdict["method"]

@@ -228,18 +228,18 @@ def test_a_task_factory_returns_a_bench_task(tmp_path, monkeypatch):
 
 
 def test_a_method_subclass_by_import_path_takes_options_and_prices_its_own_kinds(tmp_path):
-    """The adaptive-freezing experiment is an arena plug-in: each frozen-prefix length is a kind of step,
-    priced by freezing that prefix from the start."""
-    spec = "benchmarks.experiments.adaptive_freeze:AdaptiveFreeze:signal=update,every=2,ref=1,tau=100"
+    """The docs' method example (examples/arena_method.py) is an arena plug-in by import path: its options
+    are checked, its frozen step is a kind of its own, priced by a run made only of it, and counted."""
+    spec = "examples.arena_method:FreezeAfter:k=1,after=2"
     method = parse_method(spec)
-    assert (method.signal, method.every, method.tau) == ("update", 2, 100.0)
-    with pytest.raises(MethodError, match=r"`signal` must be one of \['update', 'plateau', 'gradnorm'\]"):
-        parse_method(spec.replace("signal=update", "signal=loss"))
-    protocol = TINY
-    run_arena(_tiny_task(), ["plain", spec], protocol, tmp_path, echo=lambda line: None)
+    assert (method.k, method.after) == (1, 2)
+    with pytest.raises(MethodError, match=r"`k`.*>= 0"):
+        parse_method(spec.replace("k=1", "k=-1"))
+    run_arena(_tiny_task(), ["plain", spec], TINY, tmp_path, echo=lambda line: None)
     data = json.loads((tmp_path / "results.json").read_text())
-    run = next(r for r in data["runs"] if r["method"] == spec)
-    assert run["details"]["frozen_at"]  # tau=100: every window is "below", so it freezes at once
-    frozen_kinds = [k for k in run["step_counts"] if k.startswith(f"{spec}:frozen")]
-    assert frozen_kinds and all(k in data["calibration"]["units"] for k in frozen_kinds)
-    assert data["calibration"]["units"][f"{spec}:frozen1"] < data["calibration"]["units"]["step"] * 1.5
+    runs = [r for r in data["runs"] if r["method"] == spec]
+    frozen = f"{spec}:frozen"
+    from_start = [r for r in runs if r["start"] == 0]
+    assert from_start and all(r["step_counts"] == {"step": 2, frozen: r["stop"] - 2} for r in from_start)
+    assert data["calibration"]["units"][frozen] > 0
+    assert any(v["method"] == spec for v in data["verdicts"])

@@ -90,5 +90,6 @@ def test_a_written_guess_is_no_part_of_the_next_real_update() -> None:
     for p in params.values():
         p.add_(0.25)  # the optimizer's own step
     _, whole = watch.take()
+    assert whole.keys() == params.keys()
     for name, p in params.items():
         assert torch.allclose(whole[name], torch.full_like(p, 0.25))

@@ -58,10 +58,18 @@ def _same(a: dict, b: dict) -> bool:
     return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # NaN equals NaN here
 
 
-def _differences(got: dict, want: dict) -> list[str]:
-    return [
-        key for key in sorted(set(got) | set(want)) if not _same({key: got.get(key)}, {key: want.get(key)})
-    ]
+def _differences(got: dict, want: dict, prefix: str = "") -> list[str]:
+    """The keys whose values differ, a nested dict's by its own keys (`stats.max_confidence`)."""
+    out = []
+    for key in sorted(set(got) | set(want)):
+        a, b = got.get(key), want.get(key)
+        if _same({key: a}, {key: b}):
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}: {a!r} != {b!r}"[:200])
+    return out
 
 
 def _resume_one(folder: Path, frozen: list[str], workdir: str, loaded: dict | None, after: list[dict]) -> int:

@@ -35,7 +35,7 @@ from transformers import Trainer, TrainingArguments
 from hf_hybrid import HybridHFTrainer, HybridTrainingArguments
 from hf_hybrid.checkpoint import last_complete_checkpoint
 
-SCRIPT = Path(__file__).parents[1] / "scripts" / "hybrid_run.py"
+SCRIPT = Path(__file__).parents[1] / "programs" / "hybrid_run.py"
 
 
 def _params(model):

@@ -27,7 +27,7 @@ torch.set_num_threads(1)
 from helpers import SaveAt, hybrid_trainer, lora_gpt2, step_logs, tiny_gpt2  # noqa: E402
 
 import hf_hybrid.checkpoint as checkpoint_module  # noqa: E402
-from hf_hybrid.hybrid_arguments import SPIKE_GUARD_MODES  # noqa: E402
+from hf_hybrid.hybrid_arguments import SPIKE_GUARD_MODES, HybridArgumentsMixin  # noqa: E402
 
 
 def main() -> None:
@@ -43,7 +43,12 @@ def main() -> None:
     )
     parser.add_argument("--lora", action="store_true")
     parser.add_argument("--accumulation", type=int, default=1)
-    parser.add_argument("--spike-guard", default="auto", choices=SPIKE_GUARD_MODES)
+    parser.add_argument(
+        "--spike-guard",
+        default=HybridArgumentsMixin.hybrid_spike_guard,
+        choices=SPIKE_GUARD_MODES,
+        help="the library's default unless given: the uninterrupted runs it is compared with use it too",
+    )
     parser.add_argument(
         "--save-at-steps",
         type=int,

@@ -5,7 +5,7 @@
     ... --lora                                                      # a peft LoRA model instead
     ... --no-use-cpu                                                # a GPU machine: real accelerate FSDP2
 
-On CPU, `--fsdp` goes through tests/scripts/fsdp2_cpu_shim.py (accelerate refuses FSDP on CPU; the shim
+On CPU, `--fsdp` goes through tests/programs/fsdp2_cpu_shim.py (accelerate refuses FSDP on CPU; the shim
 forces its FSDP2 path on gloo); on GPUs accelerate enables FSDP2 itself and the shim does nothing.
 
 The model is a GPT-2 from config (2 layers, 64 wide, byte vocabulary), dropout off (every rank would
