@@ -2,7 +2,7 @@
 
 A full fine-tune's host copies (weights and Adam's moments, twice) may not fit; the guard then keeps
 weights only (a restore resets the optimizer's moments) or reads the last checkpoint the Trainer saved.
-Each arm trains the task with the fault bench's lr x30 burst at mid-run (`hf_hybrid/bench/faults.py`),
+Each arm trains the task with the fault bench's lr x30 burst at mid-run (`hf_hybrid/bench/measure/faults.py`),
 the checkpoint arm saving every `--save_steps` steps as a user's run would (`hf-hybrid bench --faults`
 cannot: its runs save nothing); the record keeps the final eval loss, the restores, the guard's bytes and
 time share, and the training time:
@@ -22,7 +22,7 @@ import torch
 from transformers import Trainer
 from transformers.trainer_utils import SaveStrategy
 
-from hf_hybrid.bench.faults import Faulted
+from hf_hybrid.bench.measure.faults import Faulted
 from hf_hybrid.bench.methods import Method, TrialContext, parse_method
 from hf_hybrid.bench.runner import run_trial
 from hf_hybrid.bench.tasks import get_task

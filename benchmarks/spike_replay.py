@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback
 
-from hf_hybrid.bench.faults import FAULTS, Faulted, fault_window
+from hf_hybrid.bench.measure.faults import FAULTS, Faulted, fault_window
 from hf_hybrid.bench.methods import parse_method
 from hf_hybrid.bench.runner import run_trial
 from hf_hybrid.bench.tasks import get_task

@@ -27,7 +27,8 @@ def arena(out: Path, workers: int) -> float:
     """Wall seconds of one arena's runs into `out` (whatever `out` holds is resumed), from the line that
     says they start (after the calibration, which only the first arena does) to the end."""
     command = [sys.executable, "-m", "hf_hybrid.cli", *COMMAND, "--workers", str(workers), "--out", str(out)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # each line as it is printed: the clock starts on one
+    # each line as it is printed (the clock starts on one); one torch thread per run for both arenas
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     began = None
     for line in process.stdout:

@@ -388,7 +388,7 @@ def task_from_factory(args: argparse.Namespace) -> Any:
 
 def _overhead(args: argparse.Namespace) -> int:
     from .bench import SUITES
-    from .bench.overhead import run_overhead
+    from .bench.measure.overhead import run_overhead
     from .bench.overrides import parse_hybrid_overrides
 
     suite = SUITES[args.suite or "quick"]
@@ -406,7 +406,7 @@ def _overhead(args: argparse.Namespace) -> int:
 
 def _faults(args: argparse.Namespace, own: bool) -> int:
     from .bench import SUITES
-    from .bench.faults import FAULTS, GUARDED, run_faults
+    from .bench.measure.faults import FAULTS, GUARDED, run_faults
     from .bench.tasks import preset
     from .data import DataError
 

@@ -25,7 +25,7 @@ from transformers import GPT2Config, Trainer, TrainingArguments
 from transformers.trainer_callback import ProgressCallback
 
 from .args import HybridArgumentsMixin, HybridTrainingArguments
-from .bench.faults import LR_FACTOR, FaultWindow, fault_window, inject
+from .bench.measure.faults import LR_FACTOR, FaultWindow, fault_window, inject
 from .data import stdlib_lm_datasets
 from .tiny_models import tiny_gpt2, tiny_gpt2_config
 from .trainer import HybridHFTrainer

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from hf_hybrid.bench.faults import FaultWindow, corrupt, fault_table, fault_window
+from hf_hybrid.bench.measure.faults import FaultWindow, corrupt, fault_table, fault_window
 from hf_hybrid.cli import main
 
 

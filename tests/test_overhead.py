@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from hf_hybrid.bench.overhead import LLAMA, awake_overrides, llama_task, run_overhead
+from hf_hybrid.bench.measure.overhead import LLAMA, awake_overrides, llama_task, run_overhead
 from hf_hybrid.cli import main
 
 
@@ -64,7 +64,7 @@ def test_the_llama_task_is_another_architecture_on_the_clm_data():
 def test_the_awake_flag_reaches_the_overhead_run(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(
-        "hf_hybrid.bench.overhead.run_overhead", lambda *args, **kwargs: calls.append((args, kwargs))
+        "hf_hybrid.bench.measure.overhead.run_overhead", lambda *args, **kwargs: calls.append((args, kwargs))
     )
     assert main(["bench", "--overhead", "--awake", "--suite", "tiny", "--out", str(tmp_path)]) == 0
     assert main(["bench", "--overhead", "--suite", "tiny", "--out", str(tmp_path)]) == 0

@@ -14,7 +14,7 @@ import torch
 from helpers import hybrid_trainer, lora_gpt2, plain_trainer, step_logs
 from transformers import TrainerCallback
 
-from hf_hybrid.bench.faults import FaultWindow, inject
+from hf_hybrid.bench.measure.faults import FaultWindow, inject
 from hf_hybrid.engine.phases import PhaseSchedule
 from hf_hybrid.engine.spike_guard import SpikeGuard
 from hf_hybrid.model_card import card_context, render_section

@@ -6,7 +6,8 @@ The protocol's decisions stay in the coordinator (`arena.py`), which alone write
 - `InProcess`: one run at a time, here (the default; what the tests and `--workers` omitted use).
 - `LocalPool(n)`: each run in a fresh process forked from a server that has the libraries imported (a
   crash or an OOM kill costs that run only), n at a time; on CUDA worker i sees GPU i only, on CPU it is
-  pinned to its share of the cores with as many torch threads.
+  pinned to its share of the cores with as many torch threads (fewer where `OMP_NUM_THREADS` says so:
+  the thread count changes a CPU run's last digits, so records compare run by run at equal threads).
 - `RayExecutor(address)`: each run a Ray task (`num_gpus=1` where there are GPUs, else `num_cpus` of the
   share), in a fresh worker process; the task is rebuilt there from its recipe.
 """
@@ -152,6 +153,9 @@ class LocalPool:
         cores = cores or list(range(os.cpu_count() or 1))
         share = max(1, len(cores) // workers)
         mine = cores[index * share : (index + 1) * share] if len(cores) >= workers else cores
+        asked = os.environ.get("OMP_NUM_THREADS", "")
+        if asked.isdigit() and int(asked) >= 1:  # the user's threads per process, where fewer than the share
+            mine = mine[: int(asked)]
         return {
             "CUDA_VISIBLE_DEVICES": "",
             "OMP_NUM_THREADS": str(len(mine)),

@@ -157,7 +157,7 @@ def test_the_spike_guard_skips_exactly(tmp_path, invariants):
     the optimizer state bit-identical. (An lr burst's restore, exact with Adam and an 8-bit optimizer, is
     `test_trainer_spike_guard.py::test_a_restore_puts_back_the_trusted_copy_exactly`: the bench's x30 is
     a blip on this model that the guard rightly leaves alone.)"""
-    from hf_hybrid.bench.faults import FaultWindow, inject
+    from hf_hybrid.bench.measure.faults import FaultWindow, inject
 
     trainer = invariants.watch(
         hybrid_trainer(

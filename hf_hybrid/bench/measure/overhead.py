@@ -33,11 +33,11 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from ..data import BYTE_VOCAB_SIZE
+from ...data import BYTE_VOCAB_SIZE
+from ..runner import PresetRun, RunResult, run, run_trial
+from ..task import BenchTask
+from ..tasks import clm_data, get_task
 from .memory import engine_retained_bytes
-from .runner import PresetRun, RunResult, run, run_trial
-from .task import BenchTask
-from .tasks import clm_data, get_task
 
 TIME_TARGET = 1.01  # median hybrid/plain
 MEMORY_TARGET = 0.02  # of the trainable bytes, while asleep

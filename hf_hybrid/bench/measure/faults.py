@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback
 
-from .methods import Method, TrialContext, parse_method
-from .runner import run_trial
-from .task import BenchTask
+from ..methods import Method, TrialContext, parse_method
+from ..runner import run_trial
+from ..task import BenchTask
 
 FAULTS = ("lr_burst", "garbage", "shuffled_labels")
 LR_FACTOR, LR_STEPS = 30.0, 3
