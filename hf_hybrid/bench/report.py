@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shlex
 import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -163,18 +164,30 @@ def recommendation(data: Mapping[str, Any]) -> list[str]:
         and v["verdict"] == "ties"
         and v["speedup_units"] > 1.0
         and not v.get("stopped_at")
+        and not v.get("null_control_of")  # a control explains a method; it is not one to adopt
     ]
     if contenders and len(plain.get("seeds") or []) < 2:
-        lines += [
-            "",
-            "One seed cannot show a win. To turn the ties above 1.0x into verdicts:",
-            "",
-            f"    {data['command']} --seeds 0 1 2 --methods plain {' '.join(contenders)}",
-        ]
+        flags = {"--seeds": ["0", "1", "2"], "--methods": ["plain", *contenders]}
+        command = _replace_flags(data["command"], flags)
+        lines += ["", "One seed cannot show a win. To turn the ties above 1.0x into verdicts:", ""]
+        lines.append(f"    {command}")
     gain = _tuning_gain(data, base)
     if gain:
         lines += ["", gain]
     return lines
+
+
+def _replace_flags(command: str, flags: Mapping[str, list[str]]) -> str:
+    """`command` with each of `flags` given these values instead of its own (or added at the end)."""
+    words, out, skipping = shlex.split(command), [], False
+    for word in words:
+        if word.startswith("--"):
+            skipping = word in flags
+        if not skipping:
+            out.append(word)
+    for flag, values in flags.items():
+        out += [flag, *values]
+    return shlex.join(out)
 
 
 def _arguments(method: str, rate: float, steps: Any, protocol: Mapping[str, Any]) -> list[str]:
@@ -227,16 +240,18 @@ def _tuning_gain(data: Mapping[str, Any], base: float) -> str | None:
         and math.isfinite(r["eval_loss"])
         and r["kind"] != "separate"
     ]
-    if not mine or len(points) < 2 or best.get(1.0) == 1.0:
+    given = (data.get("task") or {}).get("learning_rate") is not None  # not a range test's centre
+    if not given or not mine or len(points) < 2 or best.get(1.0) == 1.0:
         return None
     longest = max(mine, key=lambda r: r["budget"])
     reading = speedup([(p["units"], p["eval_loss"]) for p in points], longest["eval_loss"], longest["units"])
     if reading.ratio <= 0:
         return None
+    bound = {"upper_bound": ">", "lower_bound": "<"}.get(reading.kind, "")  # the ratio is inverted here
     return (
         f"The tuned rate alone: the base rate {base:.3g} reached eval loss {longest['eval_loss']:.4f} at "
-        f"{longest['budget']:g} of the budget; the tuned plain frontier reaches it {1 / reading.ratio:.2f}x "
-        "cheaper (compute units)."
+        f"{longest['budget']:g} of the budget; the tuned plain frontier reaches it {bound}"
+        f"{1 / reading.ratio:.2f}x cheaper (compute units)."
     )
 
 

@@ -63,11 +63,15 @@ def test_a_win_is_recommended_as_arguments_at_its_rate():
 
 
 def test_a_tie_above_one_gets_the_command_that_turns_it_into_a_verdict():
-    lines = "\n".join(
-        recommendation(_with([_verdict("freeze:3", "ties", 1.2), _verdict("dropbp", "ties", 0.95)]))
-    )
+    null = _verdict("null-freeze:3", "ties", 1.3, parent="freeze:3")
+    verdicts = [_verdict("freeze:3", "ties", 1.2), _verdict("dropbp", "ties", 0.95), null]
+    lines = "\n".join(recommendation(_with(verdicts)))
     assert "No method wins here: keep the plain Trainer, at its tuned learning rate 0.002" in lines
-    assert "--seeds 0 1 2 --methods plain freeze:3" in lines and "dropbp" not in lines.split("--seeds")[1]
+    command = next(line.strip() for line in lines.splitlines() if line.startswith("    hf-hybrid bench"))
+    # the user's own flags kept, the seeds and methods replaced (not given twice), a null control no contender
+    assert command == (
+        "hf-hybrid bench --model_name_or_path m --dataset d.csv --seeds 0 1 2 --methods plain freeze:3"
+    )
 
 
 def test_a_loss_recommends_plain_and_no_more_seeds():
@@ -106,3 +110,18 @@ def test_the_plot_is_drawn_from_a_record(tmp_path):
 @pytest.mark.parametrize("verdict", ["wins", "ties", "loses"])
 def test_the_report_ends_with_what_to_do_next(verdict):
     assert "## What to do next" in markdown(_with([_verdict("freeze:3", verdict, 1.4, (0, 1, 2))]))
+
+
+def test_the_tuned_rate_gain_is_said_only_against_a_rate_the_user_gave():
+    """Without `--learning_rate` the base rate is the range test's centre, not the user's rate."""
+    from hf_hybrid.bench.report import _tuning_gain
+
+    runs = [
+        {"method": "plain", "seed": 0, "lr_multiplier": m, "point": True, "eval_loss": loss, "kind": "branch",
+         "budget": b, "units": 100 * b, "stop": int(200 * b)}
+        for m, loss in ((1.0, 3.0), (2.0, 2.0))
+        for b in (0.25, 0.5, 0.75, 1.0)
+    ]  # fmt: skip
+    record = {"runs": runs, "plain": {"best_lr_multiplier": {str(b): 2.0 for b in (0.25, 0.5, 0.75, 1.0)}}}
+    assert _tuning_gain({**record, "task": {"learning_rate": None}}, 0.003) is None
+    assert "The tuned rate alone" in _tuning_gain({**record, "task": {"learning_rate": 0.003}}, 0.003)
