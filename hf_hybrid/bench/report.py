@@ -46,14 +46,15 @@ def verdict_table(data: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _bound_mark(row: Mapping[str, Any], key: str) -> str:
+    """`>` when every seed's reading is a lower bound, `<` when every one is an upper bound."""
+    kinds = {r.get(f"{key}_kind") for r in row.get("per_seed") or []}
+    return {"lower_bound": ">", "upper_bound": "<"}.get(next(iter(kinds)), "") if len(kinds) == 1 else ""
+
+
 def _speedup_text(row: Mapping[str, Any], key: str) -> str:
     per_seed = row.get("per_seed") or []
-    text = f"{row[key]:.2f}x"
-    kinds = {r.get(f"{key}_kind") for r in per_seed}
-    if kinds == {"lower_bound"}:
-        text = ">" + text
-    elif kinds == {"upper_bound"}:
-        text = "<" + text
+    text = _bound_mark(row, key) + f"{row[key]:.2f}x"
     if len(per_seed) > 1:
         values = [r[key] for r in per_seed]
         text += f" ({min(values):.2f}–{max(values):.2f})"
@@ -422,7 +423,7 @@ def _forest(axis: Any, rows: Sequence[Mapping[str, Any]], band: float | None) ->
         seeds = f", {len(values)} seeds" if len(values) > 1 else ""
         in_time = " in time" if row.get("same_trajectory") else ""
         axis.annotate(
-            f"{row[key]:.2f}x{in_time} {row['verdict']}{stopped}{seeds}",
+            f"{_bound_mark(row, key)}{row[key]:.2f}x{in_time} {row['verdict']}{stopped}{seeds}",
             (max(values), y),
             xytext=(6, -3),
             textcoords="offset points",
