@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from table import FAMILIES, TASK_ORDER, pick  # noqa: E402
+from table import FAMILIES, TASK_ORDER, pick, ratio  # noqa: E402
 
 OLD_COMMIT = "5e685d4"
 NEW = ROOT / "benchmarks" / "results" / "arena"
@@ -77,12 +77,9 @@ def cell(row: dict | None) -> str:
         return "–"
     if row["verdict"] == "baseline":
         return "1.00x"
-    mark = {"lower_bound": ">", "upper_bound": "<"}
-    kinds = {s.get("speedup_units_kind") for s in row.get("per_seed") or []}
-    prefix = mark.get(next(iter(kinds)), "") if len(kinds) == 1 else ""
     name = row["method"] if row["method"].split(":")[0] in ("freeze", "dropbp") else ""
     stopped = f" (stopped at {row['stopped_at']:g})" if row.get("stopped_at") else ""
-    return f"{name + ' ' if name else ''}{prefix}{row['speedup_units']:.2f}x {row['verdict']}{stopped}"
+    return f"{name + ' ' if name else ''}{ratio(row, 'speedup_units')} {row['verdict']}{stopped}"
 
 
 def main() -> None:

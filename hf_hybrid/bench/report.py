@@ -46,10 +46,13 @@ def verdict_table(data: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _bound_mark(row: Mapping[str, Any], key: str) -> str:
-    """`>` when every seed's reading is a lower bound, `<` when every one is an upper bound."""
-    kinds = {r.get(f"{key}_kind") for r in row.get("per_seed") or []}
+def _mark(kinds: set[str | None]) -> str:
+    """`>` when every reading is a lower bound, `<` when every one is an upper bound, else nothing."""
     return {"lower_bound": ">", "upper_bound": "<"}.get(next(iter(kinds)), "") if len(kinds) == 1 else ""
+
+
+def _bound_mark(row: Mapping[str, Any], key: str) -> str:
+    return _mark({r.get(f"{key}_kind") for r in row.get("per_seed") or []})
 
 
 def _speedup_text(row: Mapping[str, Any], key: str) -> str:
@@ -82,7 +85,7 @@ def curve_table(data: Mapping[str, Any]) -> list[str]:
 
 
 def _cell(point: Mapping[str, Any]) -> str:
-    mark = {"lower_bound": ">", "upper_bound": "<"}.get(point.get("speedup_units_kind"), "")
+    mark = _mark({point.get("speedup_units_kind")})
     return f"{mark}{point['speedup_units']:.2f}x ({point['loss_delta']:+.3f})"
 
 
