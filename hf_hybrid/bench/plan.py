@@ -12,9 +12,11 @@ record decides (eval losses and units do; times never do).
    neighbours, against the trunk; when the trunk is worse beyond twice the eval noise, every run falls
    back to separate, fully decayed runs with the task's schedule (the report says so).
 4. The other seeds' plain frontiers at the first seed's per-budget rates: the seed band.
-5. Each method on the first seed: its rates raced at 1/4 (to 1/2 when the largest won, which may be the
-   short-horizon bias), the chosen rate on through every budget; stopped after 1/2 when it reads below the
-   plain frontier by more than twice the seed band. A same-trajectory method runs once, at the plain rate.
+5. Each method on the first seed: its rates raced as plain's sweep races its own, at every budget: all at
+   1/4, then the winner and the rate below it on to the next budget (the short-horizon bias: a rate that
+   wins early may overfit or stall late); each budget is read at its own winner. Stopped after 1/2 when it
+   reads below the plain frontier by more than twice the seed band. A same-trajectory method runs once, at
+   the plain rate.
 6. Null controls replay their method's runs at its chosen rate; where the method predicted nothing, its
    null is the plain run, reused.
 7. A method's other seeds run only where they can change its verdict: its first seed above 1 + band (it
@@ -39,7 +41,7 @@ from .spec import BRANCH, SEGMENT, SEPARATE, RunSpec, schedule_json
 from .sweep import successive_halving
 
 ONE_SEED_BAND = 0.10  # the band a one-seed arena assumes
-RACE_TO = 0.5  # where a race that the largest rate won at 1/4 is decided, and where losers stop
+EARLY_STOP_AT = 0.5  # where a method far below the plain frontier stops
 SCHEDULES = ("wsd", "separate")
 PREDICT = "predict"
 
@@ -260,32 +262,32 @@ class Planner:
             return
         factors = self.protocol.method_lr_multipliers or method.lr_multipliers
         rates = sorted(self.decisions.best[1.0] * f for f in factors)
-        budgets = method_budgets(method, self.decisions.mode)
-        chosen, decided_at = self._race(method, rates, budgets, record)
-        record["lr_multiplier"] = chosen
-        for budget in budgets[budgets.index(decided_at) + 1 :]:
-            if budget > RACE_TO and self._stops_early(method, chosen, budgets, record):
-                return
-            self._need([self._method_point(method, chosen, budget)])
+        chosen = self._race(method, rates, method_budgets(method, self.decisions.mode), record)
+        if record.get("stopped_at") is not None:
+            return
         self._null(method, chosen, [self.first])
         self._more_seeds(method, chosen, record)
 
     def _race(
         self, method: Method, rates: list[float], budgets: list[float], record: dict[str, Any]
-    ) -> tuple[float, float]:
-        """(the chosen rate, the budget where it was chosen): the best unit speed-up at 1/4, or at 1/2
-        between the two largest when the largest won at 1/4."""
-        at = budgets[0]
-        self._need([self._method_point(method, r, at) for r in rates])
-        winner = self._winner(method, rates, at)
-        record["race"] = {str(at): {"rates": rates, "winner": winner}}
-        if len(rates) == 1 or winner != rates[-1] or RACE_TO not in budgets:
-            return winner, at
-        pair = rates[-2:]
-        self._need([self._method_point(method, r, RACE_TO) for r in pair])
-        winner = self._winner(method, pair, RACE_TO)
-        record["race"][str(RACE_TO)] = {"rates": pair, "winner": winner}
-        return winner, RACE_TO
+    ) -> float:
+        """The method's rate at each of its budgets, as plain's sweep picks its own: every rate at the
+        first budget, then on to the next budget the winner and the rate below it (a longer budget's best
+        rate is never larger), each budget's winner by unit speed-up there. Returns the last budget's
+        winner, the verdict's rate; stops after 1/2 when that budget's winner reads below the plain
+        frontier by more than twice the band."""
+        record["race"], record["lr_multiplier_by_budget"] = {}, {}
+        active, winner = rates, rates[0]
+        for budget in budgets:
+            if budget > EARLY_STOP_AT and self._stops_early(method, winner, budgets, record):
+                return winner
+            self._need([self._method_point(method, r, budget) for r in active])
+            winner = self._winner(method, active, budget)
+            record["race"][str(budget)] = {"rates": active, "winner": winner}
+            record["lr_multiplier_by_budget"][str(budget)] = winner
+            record["lr_multiplier"] = winner
+            active = [*[r for r in rates if r < winner][-1:], winner]
+        return winner
 
     def _method_point(self, method: Method, rate: float, budget: float) -> RunSpec:
         """The first seed's point of `method` at `budget`; a run that provably trains like plain there
@@ -311,13 +313,13 @@ class Planner:
 
     def _stops_early(self, method: Method, chosen: float, budgets: list[float], record: dict) -> bool:
         """A method that reads below the plain frontier by more than twice the band at 1/2 stops there."""
-        if RACE_TO not in budgets:
+        if EARLY_STOP_AT not in budgets:
             return False
-        row = self.point(method.spec, self.first, chosen, RACE_TO)
+        row = self.point(method.spec, self.first, chosen, EARLY_STOP_AT)
         value = read(self.frontier(self.first), row, "units")
         if value >= 1.0 - 2 * self._decided_band():
             return False
-        record["stopped_at"] = RACE_TO
+        record["stopped_at"] = EARLY_STOP_AT
         self._null(method, chosen, [self.first])
         return True
 

@@ -74,19 +74,17 @@ def curve_table(data: Mapping[str, Any]) -> list[str]:
     lines = [f"| method (first seed) | {head} |", "|---|" + "---|" * len(BUDGETS)]
     for row in rows:
         by_budget = {c["budget"]: c for c in row["curve"]}
-        cells = [
-            f"{by_budget[b]['speedup_units']:.2f}x ({by_budget[b]['loss_delta']:+.3f})"
-            if b in by_budget
-            else "–"
-            for b in BUDGETS
-        ]
+        cells = [_cell(by_budget[b], row["lr_multiplier"]) if b in by_budget else "–" for b in BUDGETS]
         lines.append(f"| `{row['method']}` | " + " | ".join(cells) + " |")
     return lines
 
 
-def _cell(point: Mapping[str, Any]) -> str:
+def _cell(point: Mapping[str, Any], verdict_rate: float) -> str:
+    """One budget's reading; its rate when that budget's race chose another than the verdict's."""
     mark = _mark({point.get("speedup_units_kind")})
-    return f"{mark}{point['speedup_units']:.2f}x ({point['loss_delta']:+.3f})"
+    rate = point.get("lr_multiplier", verdict_rate)
+    at = f" at x{rate:g}" if rate != verdict_rate else ""
+    return f"{mark}{point['speedup_units']:.2f}x ({point['loss_delta']:+.3f}){at}"
 
 
 def markdown(data: Mapping[str, Any]) -> str:
@@ -122,7 +120,8 @@ def markdown(data: Mapping[str, Any]) -> str:
     if curves:
         lines += [
             "",
-            "Speed-up at every budget (first seed; eval loss − plain's at that budget):",
+            "Speed-up at every budget (first seed; eval loss − plain's at that budget; each budget at the "
+            "rate its race chose, named where it is not the verdict's):",
             "",
             *curves,
         ]
@@ -472,7 +471,7 @@ def _family_panel(
             *zip(*frontier, strict=True), "-o", color="k", ms=3, lw=1.5, label="plain (tuned per budget)"
         )
     for index, row in enumerate(members):
-        points = [_method_point(data["runs"], row, c["budget"]) for c in row.get("curve") or []]
+        points = [_method_point(data["runs"], row, c) for c in row.get("curve") or []]
         points = [p for p in points if p is not None]
         if points:
             axis.plot(
@@ -500,15 +499,17 @@ def _family_panel(
         notes += [
             f"{short_label(r, 24)}: above the frame (eval loss {r['final_loss_delta']:+.2f} vs plain)"
             for r in members
-            if r.get("curve") and all(_off_frame(data, r, c["budget"], high) for c in r["curve"])
+            if r.get("curve") and all(_off_frame(data, r, c, high) for c in r["curve"])
         ]
     if notes:
         axis.text(0.02, 0.03, "\n".join(notes), transform=axis.transAxes, fontsize=6, va="bottom")
     axis.legend(fontsize=6)
 
 
-def _off_frame(data: Mapping[str, Any], row: Mapping[str, Any], budget: float, high: float) -> bool:
-    point = _method_point(data["runs"], row, budget)
+def _off_frame(
+    data: Mapping[str, Any], row: Mapping[str, Any], reading: Mapping[str, Any], high: float
+) -> bool:
+    point = _method_point(data["runs"], row, reading)
     return point is None or point["eval_loss"] > high
 
 
@@ -528,14 +529,15 @@ def _plain_point(runs: Sequence[Mapping[str, Any]], seed: int, multiplier: float
     return found[0] if found else None
 
 
-def _method_point(runs: Sequence[Mapping[str, Any]], row: Mapping[str, Any], budget: float):
+def _method_point(runs: Sequence[Mapping[str, Any]], row: Mapping[str, Any], reading: Mapping[str, Any]):
+    """The recorded run behind one reading of a method's curve (each budget at its own rate)."""
     found = [
         r
         for r in runs
         if r["method"] == row["method"]
         and r["seed"] == row["seeds"][0]
-        and r["lr_multiplier"] == row["lr_multiplier"]
-        and r["budget"] == budget
+        and r["lr_multiplier"] == reading.get("lr_multiplier", row["lr_multiplier"])
+        and r["budget"] == reading["budget"]
         and r["point"]
         and r.get("eval_loss") is not None
     ]

@@ -53,7 +53,12 @@ def judge(
 
 def reading(frontier: Sequence[RunRow], row: RunRow) -> dict[str, Any]:
     """A row's speed-up on a plain frontier, in units and time, with how each was read."""
-    out: dict[str, Any] = {"seed": row.seed, "budget": row.budget, "eval_loss": row.eval_loss}
+    out: dict[str, Any] = {
+        "seed": row.seed,
+        "budget": row.budget,
+        "lr_multiplier": row.lr_multiplier,
+        "eval_loss": row.eval_loss,
+    }
     for cost, name in (("units", "speedup_units"), ("seconds", "speedup_time")):
         if not math.isfinite(row.loss):
             out[name], out[f"{name}_kind"] = 0.0, "diverged"
@@ -150,7 +155,8 @@ def _verdict(planner: Planner, method: Any, parent: str | None, band: float | No
             continue
         for budget in BUDGETS if seed == planner.first else (1.0,):
             if parent is None:
-                row = planner.point(method.spec, seed, rate, budget)
+                at = chosen.get("lr_multiplier_by_budget", {}).get(str(budget), rate)
+                row = planner.point(method.spec, seed, at if seed == planner.first else rate, budget)
             else:
                 row = planner.null_point(method, parent, seed, rate, budget)
             if row is None:

@@ -15,6 +15,7 @@ from hf_hybrid.bench.execute import Measured
 from hf_hybrid.bench.executors import Finished
 from hf_hybrid.bench.plan import Protocol
 from hf_hybrid.bench.record import Record
+from hf_hybrid.bench.report import curve_table
 from hf_hybrid.bench.spec import RANGE_TEST
 from hf_hybrid.bench.task import BenchTask
 
@@ -172,6 +173,30 @@ def test_the_largest_rate_winning_at_a_quarter_races_on_to_half(tmp_path):
     assert race["0.25"] == {"rates": [2.0, 4.0], "winner": 4.0}
     assert race["0.5"] == {"rates": [2.0, 4.0], "winner": 2.0}
     assert _verdict(data, "freeze:2")["lr_multiplier"] == 2.0
+
+
+def test_a_rate_that_wins_early_and_overfits_late_is_dropped_at_the_budget_where_it_loses(tmp_path):
+    def loss(m, r, b, s):  # the method likes x4 up to 1/2 and x2 from 3/4 on: decided only at 3/4
+        if m == "freeze:2":
+            best = 4.0 if b <= 0.5 else 2.0
+            return 3.0 - b + 0.05 * math.log2(r / best) ** 2 - 0.1
+        return plain_loss(r, b, s)
+
+    data, _ = arena(tmp_path, ["plain", "freeze:2"], loss, seeds=(0,))
+    record = data["decisions"]["methods"]["freeze:2"]
+    assert [record["race"][b]["rates"] for b in ("0.25", "0.5", "0.75", "1.0")] == [[2.0, 4.0]] * 3 + [[2.0]]
+    assert record["lr_multiplier_by_budget"] == {"0.25": 4.0, "0.5": 4.0, "0.75": 2.0, "1.0": 2.0}
+    verdict = _verdict(data, "freeze:2")
+    assert verdict["lr_multiplier"] == 2.0
+    assert [c["lr_multiplier"] for c in verdict["curve"]] == [4.0, 4.0, 2.0, 2.0]
+    full = next(r for r in data["runs"] if r["method"] == "freeze:2" and r["point"] and r["budget"] == 1.0)
+    assert (
+        verdict["per_seed"][0]["eval_loss"]
+        == full["eval_loss"]
+        == pytest.approx(loss("freeze:2", 2.0, 1.0, 0))
+    )
+    curve_row = next(line for line in curve_table(data) if "`freeze:2`" in line)
+    assert curve_row.count("at x4") == 2 and curve_row.count("at x") == 2
 
 
 @pytest.mark.parametrize("stop_after", [1, 5, 13, 29])
