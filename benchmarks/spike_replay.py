@@ -34,8 +34,8 @@ TRACES = (
     ("clm_stdlib", "quick", (0, 1, 2), (0,)),
     ("minilm_cls", "full", (0,), ()),  # a full fine-tune: is it quiet when clean?
 )
-# The verdict table's clean runs: the five arena tasks at full size, 3 seeds, at the rate the arena tuned
-# (`plain.best_lr_multiplier` of the committed record) and at twice it, the edge of stability.
+# The verdict table's clean runs: the five arena tasks at full size, 3 seeds, at the full budget's rate the
+# arena tuned (`decisions.best["1.0"]` of the committed record) and at twice it, the edge of stability.
 ARENA_TASKS = ("minilm_lora", "minilm_cls", "decoder_lora", "decoder_ft", "clm_stdlib")
 ARENA_SEEDS = (0, 1, 2)
 ARENA_RECORDS = Path("benchmarks/results/arena")
@@ -76,22 +76,28 @@ class LossTrace(TrainerCallback):
         trainer._get_grad_norm = types.MethodType(get_grad_norm, trainer)
 
 
-def tuned_multiplier(task_name: str) -> float:
-    """The rate multiplier the arena's committed record tuned for the task (`plain.best_lr_multiplier`)."""
-    record = json.loads((ARENA_RECORDS / task_name / "results.json").read_text())
-    return float(record["plain"]["best_lr_multiplier"])
+def tuned_multiplier(task_name: str) -> float | None:
+    """The full budget's best rate multiplier in the arena's committed record (its sweep's decision, there
+    as soon as the sweep has ended, before the methods run), or None while the task has none."""
+    path = ARENA_RECORDS / task_name / "results.json"
+    if not path.is_file():
+        return None
+    best = json.loads(path.read_text()).get("decisions", {}).get("best", {}).get("1.0")
+    return None if best is None else float(best)
 
 
-def record(task_name: str, size: str, fault: str, seed: int, lr_multiplier: float = 1.0) -> dict[str, Any]:
-    """One plain run's trace. The arena's runs evaluate 4 times (evaluation moves the random state, so
-    the trajectory depends on it): those traces do too, and end at the arena record's eval loss."""
+def record(
+    task_name: str, size: str, fault: str, seed: int, lr_multiplier: float = 1.0, eval_points: int = 1
+) -> dict[str, Any]:
+    """One plain run's trace. The verdict table's runs evaluate `ARENA_EVAL_POINTS` times, as the first
+    protocol's arena did (evaluation moves the random state, so the trajectory depends on it)."""
     task = get_task(task_name).bench_task(size)
     method = parse_method("plain")
     runner = method if fault == "clean" else Faulted(method, fault)
     trace = LossTrace()
     result = run_trial(
         task, runner, learning_rate=task.learning_rate * lr_multiplier, seed=seed, steps=task.max_steps,
-        eval_points=1 if lr_multiplier == 1.0 else ARENA_EVAL_POINTS, callbacks=[trace],
+        eval_points=eval_points, callbacks=[trace],
     )  # fmt: skip
     start = None if fault == "clean" else fault_window(fault, task.max_steps).start
     return {
@@ -101,16 +107,22 @@ def record(task_name: str, size: str, fault: str, seed: int, lr_multiplier: floa
     }  # fmt: skip
 
 
-def wanted_traces() -> list[tuple[str, str, str, int, float]]:
-    """(task, size, fault, seed, rate multiplier) of every trace the replay reads, in recording order."""
+def wanted_traces() -> list[tuple[str, str, str, int, float, int]]:
+    """(task, size, fault, seed, rate multiplier, evaluations) of every trace the replay reads, in
+    recording order."""
     wanted = [
-        (task, size, fault, seed, 1.0)
+        (task, size, fault, seed, 1.0, 1)
         for task, size, clean_seeds, fault_seeds in TRACES
         for fault, seed in [("clean", s) for s in clean_seeds] + [(f, s) for f in FAULTS for s in fault_seeds]
     ]
     for task in ARENA_TASKS:
         tuned = tuned_multiplier(task)
-        wanted += [(task, "full", "clean", seed, m) for seed in ARENA_SEEDS for m in (tuned, 2 * tuned)]
+        if tuned is not None:
+            wanted += [
+                (task, "full", "clean", seed, m, ARENA_EVAL_POINTS)
+                for seed in ARENA_SEEDS
+                for m in (tuned, 2 * tuned)
+            ]
     return wanted
 
 
@@ -213,6 +225,9 @@ def clean_table(traces: list[dict[str, Any]]) -> str:
     lines = ["| task | lr | seed 0 | seed 1 | seed 2 |", "|---|---|---|---|---|"]
     for task in ARENA_TASKS:
         tuned = tuned_multiplier(task)
+        if tuned is None:
+            lines.append(f"| `{task}` | not tuned yet (its arena record has no full-budget rate) | | | |")
+            continue
         for multiplier, label in ((tuned, "tuned"), (2 * tuned, "x2")):
             cells = []
             for seed in ARENA_SEEDS:
@@ -242,10 +257,10 @@ def main() -> None:
     traces = json.loads(out.read_text()) if out.is_file() else []
     done = {trace_key(t) for t in traces}
     if not args.replay_only:
-        for task_name, size, fault, seed, multiplier in wanted_traces():
+        for task_name, size, fault, seed, multiplier, eval_points in wanted_traces():
             if (task_name, size, fault, seed, multiplier) in done:
                 continue
-            traces.append(record(task_name, size, fault, seed, multiplier))
+            traces.append(record(task_name, size, fault, seed, multiplier, eval_points))
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(traces) + "\n")
             print(
