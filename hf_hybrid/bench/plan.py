@@ -42,7 +42,6 @@ from .sweep import successive_halving
 
 ONE_SEED_BAND = 0.10  # the band a one-seed arena assumes
 EARLY_STOP_AT = 0.5  # where a method far below the plain frontier stops
-SCHEDULES = ("wsd", "separate")
 PREDICT = "predict"
 
 

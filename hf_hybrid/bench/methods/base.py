@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from ..task import BenchTask
 
 STEP, FORWARD, BLIND = "step", "forward", "blind"
-SHARED_KINDS = (STEP, FORWARD, BLIND)
 
 # How the arena gets a method's runs at the budgets (`plan.py`):
 BRANCHED = "branched"  # one warmup-stable-decay trunk, a cooldown branch per budget (the default)
