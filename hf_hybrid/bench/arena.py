@@ -166,6 +166,7 @@ class Arena:
         try:
             while True:
                 plan = self._plan()
+                self._clean_checkpoints(plan)
                 if self._reuse(plan) or self._doom(plan):
                     continue
                 progress.steps_planned = progress.steps_done + self._steps_left(plan)
@@ -267,7 +268,6 @@ class Arena:
             progress.steps_done += spec.stop - spec.start
         progress.done += 1
         self.echo(progress.line(finished, row, flight, ready))
-        self._clean_checkpoints()
 
     def _row(self, spec: RunSpec, finished: Finished) -> RunRow:
         measured = finished.measured
@@ -323,11 +323,13 @@ class Arena:
                 "the runs after it continue from the new one"
             )
 
-    def _clean_checkpoints(self) -> None:
-        """Delete a trunk checkpoint once both the segment and the branch starting from it are recorded."""
+    def _clean_checkpoints(self, plan: Plan) -> None:
+        """Delete a trunk checkpoint once both the segment and the branch starting from it are recorded,
+        unless a planned run resumes from it (a rebuild that restores a later checkpoint of its trunk)."""
         root = self.out / "checkpoints"
         if not root.is_dir():
             return
+        wanted = {Path(s.checkpoint) for s in [*plan.rebuild, *plan.specs] if s.checkpoint}
         starts: dict[tuple[str, int], int] = {}
         for row in self.record.rows():
             if row.spec.get("trunk_dir") and row.start > 0 and not row.failed and row.reused_from is None:
@@ -336,7 +338,7 @@ class Arena:
                 )
         for (trunk, step), count in starts.items():
             folder = Path(trunk) / f"checkpoint-{step}"
-            if count >= 2 and folder.is_dir():
+            if count >= 2 and folder not in wanted and folder.is_dir():
                 shutil.rmtree(folder, ignore_errors=True)
 
     @staticmethod

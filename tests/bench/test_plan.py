@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 
 import pytest
 
@@ -215,3 +216,22 @@ def test_an_arena_stopped_anywhere_and_rerun_is_the_uninterrupted_one(tmp_path, 
         return runs, data["decisions"], [(v["method"], v["verdict"], v["seeds"]) for v in data["verdicts"]]
 
     assert facts(again) == facts(whole)
+
+
+@pytest.mark.parametrize("stop_after", [13, 29])
+def test_checkpoints_lost_with_the_coordinator_are_rebuilt_segment_by_segment(tmp_path, stop_after):
+    """A trunk whose every checkpoint is gone continues after rebuilding its recorded segments in turn:
+    the cleaner must not delete the one the next rebuild starts from."""
+
+    def loss(m, r, b, s):
+        return plain_loss(r, b, s) + {"freeze:2": -0.1}.get(m, 0.0)
+
+    methods = ["plain", "freeze:2"]
+    whole, _ = arena(tmp_path, methods, loss, name="whole")
+    with pytest.raises(KeyboardInterrupt):
+        arena(tmp_path, methods, loss, stop_after=stop_after, name="killed")
+    shutil.rmtree(tmp_path / "killed" / "checkpoints")
+    again, executor = arena(tmp_path, methods, loss, name="killed")
+    runs = lambda data: sorted((r["key"], r["eval_loss"]) for r in data["runs"])  # noqa: E731
+    assert runs(again) == runs(whole) and again["verdicts"] == whole["verdicts"]
+    assert len(executor.ran) > len(again["runs"]) - stop_after  # recorded segments were run again
