@@ -227,14 +227,15 @@ class Planner:
         self.decisions.band = self._band()
 
     def _band(self) -> float | None:
-        """How far one seed's plain full-budget point reads from 1.0x on another seed's frontier (the
-        largest over pairs); None with fewer than two complete seeds."""
+        """How far one seed's best plain point (its lowest eval loss; the full budget's unless the task
+        overfits) reads from 1.0x on another seed's frontier (the largest over pairs); None with fewer
+        than two complete seeds."""
         frontiers = {s: self.frontier(s) for s in self.protocol.seeds}
         frontiers = {s: f for s, f in frontiers.items() if f is not None}
         if len(frontiers) < 2:
             return None
         return max(
-            abs(read(points, other[-1], "units") - 1.0)
+            abs(read(points, best_point(other), "units") - 1.0)
             for s, points in frontiers.items()
             for t, other in frontiers.items()
             if s != t
@@ -261,32 +262,43 @@ class Planner:
             return
         factors = self.protocol.method_lr_multipliers or method.lr_multipliers
         rates = sorted(self.decisions.best[1.0] * f for f in factors)
-        chosen = self._race(method, rates, method_budgets(method, self.decisions.mode), record)
+        self._race(method, rates, method_budgets(method, self.decisions.mode), record)
         if record.get("stopped_at") is not None:
             return
-        self._null(method, chosen, [self.first])
-        self._more_seeds(method, chosen, record)
+        budget, rate = self._read_at(method, record)
+        self._null(method, rate, [self.first])
+        self._more_seeds(method, rate, budget, record)
 
-    def _race(
-        self, method: Method, rates: list[float], budgets: list[float], record: dict[str, Any]
-    ) -> float:
+    def _race(self, method: Method, rates: list[float], budgets: list[float], record: dict[str, Any]) -> None:
         """The method's rate at each of its budgets, as plain's sweep picks its own: every rate at the
         first budget, then on to the next budget the winner and the rate below it (a longer budget's best
-        rate is never larger), each budget's winner by unit speed-up there. Returns the last budget's
-        winner, the verdict's rate; stops after 1/2 when that budget's winner reads below the plain
-        frontier by more than twice the band."""
+        rate is never larger), each budget's winner by unit speed-up there; stops after 1/2 when that
+        budget's winner reads below the plain frontier by more than twice the band."""
         record["race"], record["lr_multiplier_by_budget"] = {}, {}
         active, winner = rates, rates[0]
         for budget in budgets:
             if budget > EARLY_STOP_AT and self._stops_early(method, winner, budgets, record):
-                return winner
+                return
             self._need([self._method_point(method, r, budget) for r in active])
             winner = self._winner(method, active, budget)
             record["race"][str(budget)] = {"rates": active, "winner": winner}
             record["lr_multiplier_by_budget"][str(budget)] = winner
             record["lr_multiplier"] = winner
             active = [*[r for r in rates if r < winner][-1:], winner]
-        return winner
+
+    def _read_at(self, method: Method, record: dict[str, Any]) -> tuple[float, float]:
+        """(budget, rate) where the verdict reads the method: its lowest eval loss over its budgets, each
+        at its own race's winner (the shorter budget on a tie). The plain frontier is read at its best
+        point so far; a method is read at its best budget too, so that on a task that overfits neither
+        side is charged for training past its best."""
+        points = {
+            float(b): (self.point(method.spec, self.first, rate, float(b)), rate)
+            for b, rate in record["lr_multiplier_by_budget"].items()
+        }
+        budget = min(points, key=lambda b: (points[b][0].loss, b))
+        rate = points[budget][1]
+        record.update(read_at=budget, lr_multiplier=rate)
+        return budget, rate
 
     def _method_point(self, method: Method, rate: float, budget: float) -> RunSpec:
         """The first seed's point of `method` at `budget`; a run that provably trains like plain there
@@ -322,18 +334,18 @@ class Planner:
         self._null(method, chosen, [self.first])
         return True
 
-    def _more_seeds(self, method: Method, chosen: float, record: dict[str, Any]) -> None:
-        """The other seeds, at the full budget only, where they can change the verdict."""
+    def _more_seeds(self, method: Method, rate: float, budget: float, record: dict[str, Any]) -> None:
+        """The other seeds, each one run of the budget the verdict reads, where they can change it."""
         if len(self.protocol.seeds) < 2:
             return
         band = self._decided_band()
-        value = read(self.frontier(self.first), self.point(method.spec, self.first, chosen, 1.0), "units")
+        value = read(self.frontier(self.first), self.point(method.spec, self.first, rate, budget), "units")
         if not (value > 1.0 + band or 1.0 - 2 * band <= value < 1.0 - band):
             record["other_seeds"] = "not run: within the band, or below 1 - 2 band (one seed decides)"
             return
         seeds = list(self.protocol.seeds[1:])
-        self._need([self.full_run_spec(method.spec, s, chosen) for s in seeds])
-        self._null(method, chosen, seeds)
+        self._need([self.run_spec(method.spec, s, rate, budget) for s in seeds])
+        self._null(method, rate, seeds)
 
     def _provably_plain(self, method: Method, reason: str, record: dict[str, Any]) -> None:
         """A method that trains exactly like plain here: its points are plain's at the full budget's
@@ -351,7 +363,7 @@ class Planner:
         """One full run per seed at the plain full-budget rate, read against plain's time."""
         rate = self.decisions.best[1.0]
         record["lr_multiplier"] = rate
-        self._need([self.full_run_spec(method.spec, s, rate) for s in self.protocol.seeds])
+        self._need([self.run_spec(method.spec, s, rate) for s in self.protocol.seeds])
 
     def _null(self, method: Method, rate: float, seeds: Sequence[int]) -> None:
         """The null control runs each of the method's runs at `rate` again, as itself (a uniform draw for
@@ -400,10 +412,10 @@ class Planner:
     def point(
         self, method: str, seed: int, multiplier: float, budget: float, mode: str | None = None
     ) -> RunRow | None:
-        """The row that is this point (a full budget also reads off a separate full run)."""
+        """The row that is this point (also read off a separate run of that budget)."""
         row = self._row(self.point_spec(method, seed, multiplier, budget, mode))
-        if row is None and budget == 1.0:
-            row = self._row(self.full_run_spec(method, seed, multiplier))
+        if row is None and mode in (None, self.decisions.mode):
+            row = self._row(self.run_spec(method, seed, multiplier, budget))
         return row
 
     def null_point(
@@ -415,9 +427,10 @@ class Planner:
             return None
         return self._row(self.replay_spec(null, parent_row))
 
-    def full_run_spec(self, method: str, seed: int, multiplier: float) -> RunSpec:
-        """One complete run of the full budget (a method's other seeds, a same-trajectory method)."""
-        return self._separate_spec(method, seed, multiplier, 1.0, own=self.decisions.mode == "separate")
+    def run_spec(self, method: str, seed: int, multiplier: float, budget: float = 1.0) -> RunSpec:
+        """One complete run of `budget` (a method's other seeds, a same-trajectory method): to the last
+        digit the trunk's branch there, without a trunk to share."""
+        return self._separate_spec(method, seed, multiplier, budget, own=self.decisions.mode == "separate")
 
     def point_spec(
         self, method: str, seed: int, multiplier: float, budget: float, mode: str | None = None
@@ -584,6 +597,11 @@ def method_budgets(method: Method, mode: str) -> list[float]:
     if method.budget_schedule == SEPARATE_RUNS and mode != "separate":
         return [BUDGETS[0], 1.0]
     return list(BUDGETS)
+
+
+def best_point(frontier: Sequence[RunRow]) -> RunRow:
+    """A frontier's lowest eval loss (the shorter budget on a tie): where a task that overfits is read."""
+    return min(frontier, key=lambda p: (p.loss, p.budget))
 
 
 def read(frontier: Sequence[RunRow], row: RunRow, cost: str) -> float:

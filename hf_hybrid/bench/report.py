@@ -148,18 +148,21 @@ def recommendation(data: Mapping[str, Any]) -> list[str]:
     if winners:
         best = winners[0]
         rate = base * best["lr_multiplier"]
+        at = _steps_at(protocol, best.get("budget", 1.0), steps)
         lines.append(
             f"`{best['method']}` wins: {best['speedup_units']:.2f}x in compute units over the tuned plain "
-            f"Trainer, on every seed run. Train with it at learning rate {rate:.3g}:"
+            f"Trainer, on every seed run. Train with it at learning rate {rate:.3g}{_overfits(best, at)}:"
         )
-        lines += ["", "```python", *_arguments(best["method"], rate, steps, protocol), "```"]
+        lines += ["", "```python", *_arguments(best["method"], rate, at, protocol), "```"]
     else:
-        rate = base * plain["best_lr_multiplier"]["1.0"]
+        budget = plain.get("best_budget", 1.0)
+        rate = base * plain["best_lr_multiplier"][str(budget)]
+        at = _steps_at(protocol, budget, steps)
         lines.append(
             f"No method wins here: keep the plain Trainer, at its tuned learning rate {rate:.3g} for "
-            f"{steps} steps:"
+            f"{at} steps{_overfits({'budget': budget}, at)}:"
         )
-        lines += ["", "```python", *_arguments("plain", rate, steps, protocol), "```"]
+        lines += ["", "```python", *_arguments("plain", rate, at, protocol), "```"]
     contenders = [
         v["method"]
         for v in verdicts
@@ -178,6 +181,19 @@ def recommendation(data: Mapping[str, Any]) -> list[str]:
     if gain:
         lines += ["", gain]
     return lines
+
+
+def _steps_at(protocol: Mapping[str, Any], budget: float, steps: Any) -> Any:
+    """A budget's steps as the arena ran them (the full budget's when the record does not say)."""
+    return (protocol.get("budgets") or {}).get(str(float(budget)), {}).get("steps", steps)
+
+
+def _overfits(row: Mapping[str, Any], steps: Any) -> str:
+    """Why a recommendation stops short of the full budget: the eval loss is lowest there."""
+    budget = row.get("budget", 1.0)
+    if budget >= 1.0:
+        return ""
+    return f" (its eval loss is lowest at {budget:g} of the budget, {steps} steps: longer training overfits)"
 
 
 def _replace_flags(command: str, flags: Mapping[str, list[str]]) -> str:

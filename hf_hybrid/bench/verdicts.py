@@ -2,7 +2,10 @@
 
 A method's speed-up on a seed is the cost the plain `Trainer` needs to reach the method's eval loss —
 read off that seed's plain frontier, whose point at each budget is the plain run at that budget's own
-tuned rate — over the cost the method spent, in forward units and in time. The plain runs' own noise
+tuned rate, and which is read at its best point so far — over the cost the method spent, in forward units
+and in time. The method is read at its own best budget (its lowest eval loss on the first seed, each
+budget at its race's winner), where its other seeds run too: on a task that overfits, neither side is
+charged for training past its best. The plain runs' own noise
 sets the bar: the *seed band* is how far one seed's plain full-budget point reads from 1.0x on another
 seed's frontier (the largest over pairs). A method
 
@@ -25,7 +28,7 @@ from typing import Any
 
 from .budget import BUDGETS
 from .frontier import speedup
-from .plan import ONE_SEED_BAND, Planner, paired_noise
+from .plan import ONE_SEED_BAND, Planner, best_point, paired_noise
 from .rows import RunRow
 
 __all__ = ["ONE_SEED_BAND", "judge", "verdicts"]
@@ -82,8 +85,9 @@ def clock_noise(planner: Planner) -> float | None:
 
 
 def eval_noise_band(planner: Planner) -> float | None:
-    """The part of the seed band that eval noise alone explains: a full-budget point moved by twice the
-    paired standard error of two seeds' eval losses (same examples), read on the frontier."""
+    """The part of the seed band that eval noise alone explains: a frontier's best point moved by twice
+    the paired standard error of two seeds' eval losses (same examples, measured at the full budget,
+    where the per-example losses are kept), read on that frontier."""
     seeds = [s for s in planner.protocol.seeds if planner.frontier(s) is not None]
     out = None
     for s in seeds:
@@ -94,7 +98,8 @@ def eval_noise_band(planner: Planner) -> float | None:
                 continue
             noise = paired_noise(a.eval_example_losses, b.eval_example_losses)
             points = [(p.units, p.loss) for p in frontier]
-            part = abs(speedup(points, b.loss + 2 * noise, b.units).ratio - 1.0)
+            best = best_point(frontier)
+            part = abs(speedup(points, best.loss + 2 * noise, best.units).ratio - 1.0)
             out = part if out is None else max(out, part)
     return out
 
@@ -112,6 +117,7 @@ def verdicts(planner: Planner, parents: dict[str, str]) -> tuple[dict[str, Any],
     losses = [p.loss for p in full]
     plain = {
         "best_lr_multiplier": {str(b): d.best[b] for b in BUDGETS},
+        "best_budget": best_point(planner.frontier(first)).budget,
         "untuned": {str(b): why for b, why in d.untuned.items()},
         "seeds": [p.seed for p in full],
         "eval_loss": statistics.median(losses),
@@ -148,15 +154,16 @@ def _verdict(planner: Planner, method: Any, parent: str | None, band: float | No
         return None
     if method.same_trajectory:
         return _same_trajectory(planner, method, rate, noise)
+    read_at = chosen.get("read_at", 1.0)
     per_seed, curve = [], []
     for seed in planner.protocol.seeds:
         frontier = planner.frontier(seed)
         if frontier is None:
             continue
-        for budget in BUDGETS if seed == planner.first else (1.0,):
-            if parent is None:
+        for budget in BUDGETS if seed == planner.first else (read_at,):
+            if parent is None:  # each budget at its own race's winner (the verdict's is `rate`)
                 at = chosen.get("lr_multiplier_by_budget", {}).get(str(budget), rate)
-                row = planner.point(method.spec, seed, at if seed == planner.first else rate, budget)
+                row = planner.point(method.spec, seed, at, budget)
             else:
                 row = planner.null_point(method, parent, seed, rate, budget)
             if row is None:
@@ -164,7 +171,7 @@ def _verdict(planner: Planner, method: Any, parent: str | None, band: float | No
             read = reading(frontier, row)
             if seed == planner.first:
                 curve.append(read)
-            if budget == 1.0:
+            if budget == read_at:
                 per_seed.append(read)
     stopped = chosen.get("stopped_at")
     if stopped is not None and curve:

@@ -200,6 +200,31 @@ def test_a_rate_that_wins_early_and_overfits_late_is_dropped_at_the_budget_where
     assert curve_row.count("at x4") == 2 and curve_row.count("at x") == 2
 
 
+def test_on_a_task_that_overfits_every_reading_is_at_its_best_budget(tmp_path):
+    """Eval loss rises after 3/4 for plain and method alike: plain's frontier is read at its best point so
+    far, and so are the method (its other seeds run at that budget) and the band."""
+
+    def loss(m, r, b, s):
+        overfit = 2.0 * max(0.0, b - 0.75)
+        return plain_loss(r, b, s) + overfit - (0.05 if m == "freeze:2" else 0.0)
+
+    data, executor = arena(tmp_path, ["plain", "freeze:2"], loss)
+    record = data["decisions"]["methods"]["freeze:2"]
+    assert record["read_at"] == 0.75 and record["lr_multiplier"] == record["lr_multiplier_by_budget"]["0.75"]
+    verdict = _verdict(data, "freeze:2")
+    assert [r["budget"] for r in verdict["per_seed"]] == [0.75, 0.75, 0.75]
+    other_seeds = [r for r in data["runs"] if r["method"] == "freeze:2" and r["seed"] > 0]
+    assert {(r["kind"], r["budget"]) for r in other_seeds} == {("separate", 0.75)}
+    # freeze:2's steps cost 2 units against plain's 3: at its best budget it is 1.5x cheaper for a lower
+    # loss, a lower bound; read at the end, where plain's own full run reads 0.6x, it would read < 1
+    first = verdict["per_seed"][0]
+    assert first["speedup_units"] >= 1.5 and first["speedup_units_kind"] != "interpolated"
+    assert next(c for c in verdict["curve"] if c["budget"] == 1.0)["speedup_units"] < 1.0
+    # the band compares the seeds' best points (plain_loss's seeds differ by 0.02), not their overfit ends
+    assert data["plain"]["seed_band"] < 0.3
+    assert verdict["verdict"] == "wins", verdict["reason"]
+
+
 @pytest.mark.parametrize("stop_after", [1, 5, 13, 29])
 def test_an_arena_stopped_anywhere_and_rerun_is_the_uninterrupted_one(tmp_path, stop_after):
     def loss(m, r, b, s):

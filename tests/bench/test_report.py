@@ -125,3 +125,17 @@ def test_the_tuned_rate_gain_is_said_only_against_a_rate_the_user_gave():
     record = {"runs": runs, "plain": {"best_lr_multiplier": {str(b): 2.0 for b in (0.25, 0.5, 0.75, 1.0)}}}
     assert _tuning_gain({**record, "task": {"learning_rate": None}}, 0.003) is None
     assert "The tuned rate alone" in _tuning_gain({**record, "task": {"learning_rate": 0.003}}, 0.003)
+
+
+def test_on_a_task_that_overfits_the_recommendation_stops_at_the_best_budget():
+    data = _with([_verdict("freeze:3", "ties", 0.9)])
+    data["plain"]["best_budget"] = 0.75
+    data["protocol"]["budgets"] = {"0.75": {"steps": 150, "fork": 120}, "1.0": {"steps": 200, "fork": 160}}
+    lines = "\n".join(recommendation(data))
+    assert "keep the plain Trainer, at its tuned learning rate 0.002 for 150 steps" in lines
+    assert "lowest at 0.75 of the budget" in lines and "max_steps=150" in lines
+    assert '"num_decay_steps": 30' in lines
+    winner = _verdict("freeze:3", "wins", 1.4, (0, 1, 2))
+    winner["budget"] = 0.75
+    lines = "\n".join(recommendation({**data, "verdicts": [winner]}))
+    assert "max_steps=150" in lines and "lowest at 0.75" in lines
