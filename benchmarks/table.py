@@ -90,11 +90,19 @@ def cell(row: dict | None) -> str:
             f"{name}{ratio(row, 'speedup_units')} at {row['stopped_at']:g} of the budget "
             f"({row['final_loss_delta']:+.3f}), **{row['verdict']}** (stopped there)"
         )
-    units = "same trajectory" if row.get("same_trajectory") else ratio(row, "speedup_units")
+    units = "same trajectory" if row.get("same_trajectory") else ratio(row, "speedup_units") + _range(row)
+    budget = row.get("budget", 1.0)
+    at = f" at {budget:g}" if budget < 1.0 else ""
     return (
-        f"{name}{units} / {_time(row)} ({row['final_loss_delta']:+.3f}), "
+        f"{name}{units} / {_time(row)}{at} ({row['final_loss_delta']:+.3f}), "
         f"**{row['verdict']}**{'' if seeds > 1 else ' (1 seed)'}"
     )
+
+
+def _range(row: dict) -> str:
+    """The seeds' spread of the unit speed-up, where more than one seed ran."""
+    values = [seed["speedup_units"] for seed in row.get("per_seed") or []]
+    return f" ({min(values):.2f}–{max(values):.2f})" if len(values) > 1 else ""
 
 
 def wins_everywhere(records: dict[str, dict]) -> list[str]:
@@ -173,11 +181,13 @@ def table(records: dict[str, dict]) -> str:
         "",
         "Speed-up at equal eval loss against the plain `Trainer` tuned at every budget (one "
         "warmup-stable-decay trunk per rate, a cooldown branch at each smaller budget, the rates raced by "
-        "successive halving): compute units / CPU time (final eval loss − plain's), verdict; `~` = within "
-        "the clock noise; `>` = a lower bound (the run ended below every plain point's eval loss), `<` an "
-        "upper bound. Median over the seeds run: 3 where more seeds could change the verdict (the first "
-        "above 1 + the plain seed band, or between 1 − 2 bands and 1 − band), else 1. A method below "
-        "1 − 2 bands at half the budget stops there.",
+        "successive halving, the frontier read at its best point so far): compute units / CPU time (eval "
+        "loss − plain's at that budget), verdict, each method read at its own best budget (its lowest eval "
+        "loss: `at 0.75` where that is not the full budget, on a task that overfits); `~` = within the "
+        "clock noise; `>` = a lower bound (the run ended below every plain point's eval loss), `<` an "
+        "upper bound. Median over the seeds run, with their range: 3 where more seeds could change the "
+        "verdict (the first above 1 + the plain seed band, or between 1 − 2 bands and 1 − band), else 1. A "
+        "method below 1 − 2 bands at half the budget stops there.",
         "",
         "| method | " + " | ".join(f"`{t}`" for t in tasks) + " |",
         "|---|" + "---|" * len(tasks),
