@@ -221,7 +221,9 @@ def summary(traces: list[dict[str, Any]]) -> str:
 def clean_table(traces: list[dict[str, Any]]) -> str:
     """The verdict table's clean runs under the shipped settings: per task and rate, per seed, what the
     guard does (whichever the second measurement blames) and where the detector alone fired."""
-    arena = [t for t in traces if t["fault"] == "clean" and t.get("lr_multiplier", 1.0) != 1.0]
+    arena = [
+        t for t in traces if t["fault"] == "clean"
+    ]  # any clean run at the rate (x1 may be the tuned one)
     lines = ["| task | lr | seed 0 | seed 1 | seed 2 |", "|---|---|---|---|---|"]
     for task in ARENA_TASKS:
         tuned = tuned_multiplier(task)
