@@ -154,25 +154,7 @@ def _verdict(planner: Planner, method: Any, parent: str | None, band: float | No
         return None
     if method.same_trajectory:
         return _same_trajectory(planner, method, rate, noise)
-    read_at = chosen.get("read_at", 1.0)
-    per_seed, curve = [], []
-    for seed in planner.protocol.seeds:
-        frontier = planner.frontier(seed)
-        if frontier is None:
-            continue
-        for budget in BUDGETS if seed == planner.first else (read_at,):
-            if parent is None:  # each budget at its own race's winner (the verdict's is `rate`)
-                at = chosen.get("lr_multiplier_by_budget", {}).get(str(budget), rate)
-                row = planner.point(method.spec, seed, at, budget)
-            else:
-                row = planner.null_point(method, parent, seed, rate, budget)
-            if row is None:
-                continue
-            read = reading(frontier, row)
-            if seed == planner.first:
-                curve.append(read)
-            if budget == read_at:
-                per_seed.append(read)
+    per_seed, curve = _readings(planner, method, parent, chosen)
     stopped = chosen.get("stopped_at")
     if stopped is not None and curve:
         at = next(r for r in curve if r["budget"] == stopped)
@@ -207,6 +189,33 @@ def _verdict(planner: Planner, method: Any, parent: str | None, band: float | No
         "null_control_of": parent,
         "same_trajectory": False,
     }
+
+
+def _readings(
+    planner: Planner, method: Any, parent: str | None, chosen: dict[str, Any]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(each seed's reading at the budget the verdict reads, the first seed's at every budget): the
+    method's points at each budget's own race winner, a null's at its parent's verdict rate."""
+    rate, read_at = chosen["lr_multiplier"], chosen.get("read_at", 1.0)
+    per_seed, curve = [], []
+    for seed in planner.protocol.seeds:
+        frontier = planner.frontier(seed)
+        if frontier is None:
+            continue
+        for budget in BUDGETS if seed == planner.first else (read_at,):
+            if parent is None:
+                at = chosen.get("lr_multiplier_by_budget", {}).get(str(budget), rate)
+                row = planner.point(method.spec, seed, at, budget)
+            else:
+                row = planner.null_point(method, parent, seed, rate, budget)
+            if row is None:
+                continue
+            read = reading(frontier, row)
+            if seed == planner.first:
+                curve.append(read)
+            if budget == read_at:
+                per_seed.append(read)
+    return per_seed, curve
 
 
 def _same_trajectory(
