@@ -275,10 +275,12 @@ class Planner:
         rate is never larger), each budget's winner by unit speed-up there; stops after 1/2 when that
         budget's winner reads below the plain frontier by more than twice the band."""
         record["race"], record["lr_multiplier_by_budget"] = {}, {}
-        active, winner = rates, rates[0]
+        active, winner, previous = rates, rates[0], 0.0
         for budget in budgets:
-            if budget > EARLY_STOP_AT and self._stops_early(method, winner, budgets, record):
+            # once, on leaving 1/2, with 1/2's winner (a later winner's 1/2 point is not its reading)
+            if previous <= EARLY_STOP_AT < budget and self._stops_early(method, winner, budgets, record):
                 return
+            previous = budget
             self._need([self._method_point(method, r, budget) for r in active])
             winner = self._winner(method, active, budget)
             record["race"][str(budget)] = {"rates": active, "winner": winner}

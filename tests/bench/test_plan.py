@@ -225,6 +225,19 @@ def test_on_a_task_that_overfits_every_reading_is_at_its_best_budget(tmp_path):
     assert verdict["verdict"] == "wins", verdict["reason"]
 
 
+def test_the_early_stop_is_decided_once_at_half_by_half_s_winner(tmp_path):
+    def loss(m, r, b, s):  # x2 is far worse than x4 at 1/2 (x4 wins there) and the better rate from 3/4
+        if m == "freeze:2":
+            bad_at_half = 0.6 if (r, b) == (2.0, 0.5) else 0.0
+            return plain_loss(r, b, s) - 0.1 - (0.1 if (r == 2.0 and b > 0.5) else 0.0) + bad_at_half
+        return plain_loss(r, b, s)
+
+    data, _ = arena(tmp_path, ["plain", "freeze:2"], loss, seeds=(0,))
+    record = data["decisions"]["methods"]["freeze:2"]
+    assert record["lr_multiplier_by_budget"] == {"0.25": 4.0, "0.5": 4.0, "0.75": 2.0, "1.0": 2.0}
+    assert "stopped_at" not in record and _verdict(data, "freeze:2")["stopped_at"] is None
+
+
 @pytest.mark.parametrize("stop_after", [1, 5, 13, 29])
 def test_an_arena_stopped_anywhere_and_rerun_is_the_uninterrupted_one(tmp_path, stop_after):
     def loss(m, r, b, s):
