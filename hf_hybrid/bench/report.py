@@ -148,10 +148,11 @@ def recommendation(data: Mapping[str, Any]) -> list[str]:
     if winners:
         best = winners[0]
         rate = base * best["lr_multiplier"]
-        at = _steps_at(protocol, best.get("budget", 1.0), steps)
+        budget = best.get("budget", 1.0)
+        at = _steps_at(protocol, budget, steps)
         lines.append(
             f"`{best['method']}` wins: {best['speedup_units']:.2f}x in compute units over the tuned plain "
-            f"Trainer, on every seed run. Train with it at learning rate {rate:.3g}{_overfits(best, at)}:"
+            f"Trainer, on every seed run. Train with it at learning rate {rate:.3g}{_overfits(budget, at)}:"
         )
         lines += ["", "```python", *_arguments(best["method"], rate, at, protocol), "```"]
     else:
@@ -160,7 +161,7 @@ def recommendation(data: Mapping[str, Any]) -> list[str]:
         at = _steps_at(protocol, budget, steps)
         lines.append(
             f"No method wins here: keep the plain Trainer, at its tuned learning rate {rate:.3g} for "
-            f"{at} steps{_overfits({'budget': budget}, at)}:"
+            f"{at} steps{_overfits(budget, at)}:"
         )
         lines += ["", "```python", *_arguments("plain", rate, at, protocol), "```"]
     contenders = [
@@ -188,9 +189,8 @@ def _steps_at(protocol: Mapping[str, Any], budget: float, steps: Any) -> Any:
     return (protocol.get("budgets") or {}).get(str(float(budget)), {}).get("steps", steps)
 
 
-def _overfits(row: Mapping[str, Any], steps: Any) -> str:
+def _overfits(budget: float, steps: Any) -> str:
     """Why a recommendation stops short of the full budget: the eval loss is lowest there."""
-    budget = row.get("budget", 1.0)
     if budget >= 1.0:
         return ""
     return f" (its eval loss is lowest at {budget:g} of the budget, {steps} steps: longer training overfits)"
