@@ -20,7 +20,11 @@ record decides (eval losses and units do; times never do).
 6. Null controls replay their method's runs at its chosen rate; where the method predicted nothing, its
    null is the plain run, reused.
 7. A method's other seeds run only where they can change its verdict: its first seed above 1 + band (it
-   may win), or between 1 - 2 band and 1 - band (it may lose). Full budget only.
+   may win), or between 1 - 2 band and 1 - band (it may lose), at the budget it is read at.
+
+A stage starts as soon as its inputs are decided, so that workers are not left idle: the other seeds' points
+at a budget once the sweep has passed it (4 beside 2), the methods once the full budget's rate is known
+(5 beside 3: a fallback, rare, then leaves their runs unused).
 """
 
 from __future__ import annotations
@@ -137,9 +141,13 @@ class Planner:
         blocked = False
         try:
             self._base_rate()
-            self._sweep()
-            self._schedule_check()
-            self._other_seeds()
+            blocked |= self._frontiers()
+            # the methods need the full budget's rate only: they run beside the check, whose fallback
+            # (rare) leaves their runs unused
+            checking = self._stage(self._schedule_check)
+            if self.decisions.mode == "separate":
+                blocked |= self._frontiers()
+            blocked |= checking
             for method in self.methods:
                 blocked |= self._stage(lambda m=method: self._method(m))
         except Blocked as stop:
@@ -165,6 +173,15 @@ class Planner:
             self._want(stop.points)
             return True
 
+    def _frontiers(self) -> bool:
+        """The sweep on the first seed, and the other seeds' points at every budget it has decided;
+        raises `Blocked` until the sweep is complete (every later stage needs its full budget's rate)."""
+        swept = not self._stage(self._sweep)
+        blocked = self._stage(self._other_seeds)
+        if not swept:
+            raise Blocked()
+        return blocked
+
     def _base_rate(self) -> None:
         if self.base is None:
             from .range_test import range_test_spec, suggested_rate
@@ -185,9 +202,9 @@ class Planner:
 
         state = successive_halving(self.protocol.lr_multipliers, self.protocol.widen, loss_at)
         self.decisions.sweep = state.to_dict()
+        self.decisions.best, self.decisions.untuned = dict(state.best), dict(state.untuned)
         if not state.complete:
             raise Blocked([self.point_spec("plain", self.first, m, b, mode) for m, b in state.wanted])
-        self.decisions.best, self.decisions.untuned = dict(state.best), dict(state.untuned)
 
     def _schedule_check(self) -> None:
         """The trunk's full-budget loss against the task's own schedule at the trunk's rate and its
@@ -215,13 +232,14 @@ class Planner:
         }
         if fallback:
             self.decisions.mode = "separate"
-            self._sweep()
 
     def _other_seeds(self) -> None:
+        """The other seeds' plain points at every budget whose best rate the sweep has decided (final
+        once decided: the sweep never revisits a budget it has passed)."""
         points = [
-            self.point_spec("plain", seed, self.decisions.best[b], b)
+            self.point_spec("plain", seed, rate, b)
             for seed in self.protocol.seeds[1:]
-            for b in BUDGETS
+            for b, rate in self.decisions.best.items()
         ]
         self._want([p for p in points if self._row(p) is None])
         self.decisions.band = self._band()
@@ -406,7 +424,7 @@ class Planner:
 
     def frontier(self, seed: int) -> list[RunRow] | None:
         """The plain points of `seed` at each budget's best rate, or None while one is missing."""
-        if not self.decisions.best:
+        if any(b not in self.decisions.best for b in BUDGETS):
             return None
         points = [self.point("plain", seed, self.decisions.best[b], b) for b in BUDGETS]
         return None if any(p is None for p in points) else points

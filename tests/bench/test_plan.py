@@ -36,10 +36,13 @@ class Fake:
 
     workers = 2
 
-    def __init__(self, loss, stop_after: int | None = None) -> None:
+    def __init__(self, loss, stop_after: int | None = None, own_schedule: float = 0.0) -> None:
         self.loss, self.pending, self.stop_after, self.ran = loss, [], stop_after, []
+        self.own_schedule = own_schedule  # added to the loss of a run in the task's own (linear) schedule
+        self.submitted: list[tuple[str, list[str]]] = []  # each spec and what was in flight beside it
 
     def submit(self, spec):
+        self.submitted.append((spec.key, [p.key for p in self.pending]))
         self.pending.append(spec)
         return "fake"
 
@@ -55,6 +58,7 @@ class Fake:
         loss = None
         if spec.evaluate:
             loss = self.loss(spec.method, spec.lr_multiplier, budget, spec.seed)
+            loss += self.own_schedule if '"linear"' in spec.schedule_json else 0.0
         losses = (
             [3.0] * (spec.stop - spec.start) if spec.kind == RANGE_TEST else [2.0] * (spec.stop - spec.start)
         )
@@ -89,7 +93,7 @@ def _task() -> BenchTask:
     )
 
 
-def arena(tmp_path, methods, loss, seeds=(0, 1, 2), stop_after=None, widen=3, name="out"):
+def arena(tmp_path, methods, loss, seeds=(0, 1, 2), stop_after=None, widen=3, name="out", check=False, own=0):
     out = tmp_path / name
     out.mkdir(exist_ok=True)
     task = _task()
@@ -103,8 +107,8 @@ def arena(tmp_path, methods, loss, seeds=(0, 1, 2), stop_after=None, widen=3, na
         record.save()
     record = Record.open(out, task.describe(), task.identity(), "test")
     parsed, nulls = parse_methods(methods)
-    protocol = Protocol(seeds=seeds, lr_multipliers=(0.5, 1.0, 2.0, 4.0), widen=widen, schedule_check=False)
-    executor = Fake(loss, stop_after)
+    protocol = Protocol(seeds=seeds, lr_multipliers=(0.5, 1.0, 2.0, 4.0), widen=widen, schedule_check=check)
+    executor = Fake(loss, stop_after, own)
     Arena(task, parsed, nulls, protocol, record, executor=executor, echo=lambda line: None).run()
     return json.loads(path.read_text()), executor
 
@@ -236,6 +240,46 @@ def test_the_early_stop_is_decided_once_at_half_by_half_s_winner(tmp_path):
     record = data["decisions"]["methods"]["freeze:2"]
     assert record["lr_multiplier_by_budget"] == {"0.25": 4.0, "0.5": 4.0, "0.75": 2.0, "1.0": 2.0}
     assert "stopped_at" not in record and _verdict(data, "freeze:2")["stopped_at"] is None
+
+
+def _check_run(key: str) -> bool:
+    return key.startswith("plain") and "separate linear" in key
+
+
+def test_the_other_seeds_start_at_a_budget_as_soon_as_the_sweep_has_passed_it(tmp_path):
+    _, executor = arena(tmp_path, ["plain"], lambda m, r, b, s: plain_loss(r, b, s))
+    first_other_seed = next(i for i, k in enumerate(executor.ran) if "seed 1" in k)
+    last_sweep_point = max(i for i, k in enumerate(executor.ran) if "seed 0" in k and "branch" in k)
+    assert first_other_seed < last_sweep_point
+
+
+def test_the_methods_run_beside_the_schedule_check_and_it_keeps_the_trunk(tmp_path):
+    def loss(m, r, b, s):
+        return plain_loss(r, b, s) + {"freeze:2": -0.1}.get(m, 0.0)
+
+    data, executor = arena(tmp_path, ["plain", "freeze:2"], loss, seeds=(0,), check=True, own=0.01)
+    beside = [k for k, flight in executor.submitted if "freeze" in k and any(map(_check_run, flight))]
+    assert beside  # a method's run started while a run of the check was in flight
+    assert data["decisions"]["mode"] == "wsd" and data["decisions"]["schedule_check"]["fallback"] is False
+    assert sum(map(_check_run, executor.ran)) == 3 and not data["unused"]
+    assert _verdict(data, "freeze:2")["speedup_units"] > 1.0
+
+
+def test_a_trunk_worse_than_the_task_s_own_schedule_sends_every_run_to_separate_runs(tmp_path):
+    """The fallback, reached after the methods ran beside the check: their trunk runs are left unused,
+    and every reading is taken again from separate runs in the task's own schedule."""
+
+    def loss(m, r, b, s):
+        return plain_loss(r, b, s) + {"freeze:2": -0.1}.get(m, 0.0)
+
+    data, _ = arena(tmp_path, ["plain", "freeze:2"], loss, seeds=(0,), check=True, own=-0.05)
+    check = data["decisions"]["schedule_check"]
+    assert data["decisions"]["mode"] == "separate" and check["fallback"] is True
+    assert check["trunk_eval_loss"] - check["own_schedule_eval_loss"] == pytest.approx(0.05)
+    assert any(k.startswith("freeze:2") and "segment" in k for k in data["unused"])
+    used = [r for r in data["runs"] if r["key"] not in data["unused"] and r["method"] == "freeze:2"]
+    assert used and all(r["kind"] == "separate" for r in used)  # the wsd sweep stays: the check stood on it
+    assert _verdict(data, "freeze:2")["speedup_units"] > 1.0
 
 
 @pytest.mark.parametrize("stop_after", [1, 5, 13, 29])
