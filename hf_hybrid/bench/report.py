@@ -403,6 +403,8 @@ def plot(data: Mapping[str, Any], path: Path) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    if not data.get("verdicts"):
+        return _progress_plot(data, path)
     rows = [v for v in data.get("verdicts", []) if v["method"] != "plain"]
     families: dict[str, list[Mapping[str, Any]]] = {}
     for row in rows:
@@ -419,6 +421,64 @@ def plot(data: Mapping[str, Any], path: Path) -> Path:
         _family_panel(axis, data, name, members, frontier)
     figure.suptitle(
         f"{data['task'].get('name')}: speed-up at equal eval loss against the tuned plain Trainer"
+    )
+    figure.tight_layout()
+    figure.savefig(path, format="png")
+    return path
+
+
+def _progress_plot(data: Mapping[str, Any], path: Path) -> Path:
+    """An arena still running has no verdict to draw: its evaluated points so far instead, eval loss
+    against compute on the first seed, plain's sweep (one line per rate) beside the methods (one line per
+    method and rate), both framed by plain's points, so that a stopped arena still shows where it stands."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    seeds = (data.get("protocol") or {}).get("seeds") or [0]
+    points = [
+        r
+        for r in data.get("runs", [])
+        if r.get("point") and r["seed"] == seeds[0] and r["kind"] != "separate"
+        if r.get("eval_loss") is not None
+    ]
+    lines: dict[tuple[str, float], list[Mapping[str, Any]]] = {}
+    for row in sorted(points, key=lambda r: r["budget"]):
+        lines.setdefault((row["method"], row["lr_multiplier"]), []).append(row)
+    figure = Figure(figsize=(12, 5), dpi=100)
+    FigureCanvasAgg(figure)
+    plain_axis, method_axis = figure.add_subplot(1, 2, 1), figure.add_subplot(1, 2, 2)
+    for index, ((method, rate), rows) in enumerate(sorted(lines.items())):
+        axis = plain_axis if method == "plain" else method_axis
+        axis.plot(
+            [r["units"] for r in rows], [r["eval_loss"] for r in rows], "-o", ms=3, lw=1,
+            color=f"C{index % 10}", label=f"{short_label({'method': method}, 24)} x{rate:g}",
+        )  # fmt: skip
+    plain_losses = [r["eval_loss"] for (m, _), rows in lines.items() if m == "plain" for r in rows]
+    best: dict[float, Mapping[str, Any]] = {}
+    for row in (r for (m, _), rows in lines.items() if m == "plain" for r in rows):
+        if row["budget"] not in best or row["eval_loss"] < best[row["budget"]]["eval_loss"]:
+            best[row["budget"]] = row
+    if best:
+        frontier = [best[b] for b in sorted(best)]
+        method_axis.plot(
+            [r["units"] for r in frontier], [r["eval_loss"] for r in frontier], "-o", color="k", ms=3, lw=1.5,
+            label="plain, best rate so far per budget",
+        )  # fmt: skip
+    finite = [loss for loss in plain_losses if math.isfinite(loss)]
+    for axis, title in ((plain_axis, "plain sweep, seed {}"), (method_axis, "methods, seed {}")):
+        axis.set_title(title.format(seeds[0]), fontsize=9)
+        axis.set_xlabel("compute units", fontsize=8)
+        axis.set_ylabel("eval loss", fontsize=8)
+        if finite:
+            pad = 0.3 * (max(finite) - min(finite) or 0.1)
+            axis.set_ylim(min(finite) - pad, max(finite) + pad)
+        if axis.lines:
+            axis.legend(fontsize=6)
+        else:
+            axis.text(0.5, 0.5, "no evaluated point yet", ha="center", transform=axis.transAxes)
+    figure.suptitle(
+        f"{data['task'].get('name')}: in progress, {len(data.get('runs', []))} runs recorded, no verdict "
+        "yet (the same command resumes it)"
     )
     figure.tight_layout()
     figure.savefig(path, format="png")

@@ -107,6 +107,21 @@ def test_the_plot_is_drawn_from_a_record(tmp_path):
     assert path.stat().st_size > 10_000
 
 
+def test_a_record_still_running_is_drawn_as_its_points_so_far(tmp_path):
+    """No verdict yet: the sweep's and the methods' evaluated points, not an empty forest."""
+    runs = [
+        {"method": m, "seed": 0, "lr_multiplier": r, "point": True, "eval_loss": 3.0 - b + 0.1 * r,
+         "kind": "branch", "budget": b, "units": 100 * b}
+        for m in ("plain", "freeze:3")
+        for r in (1.0, 2.0)
+        for b in (0.25, 0.5)
+    ]  # fmt: skip
+    record = {"task": {"name": "t"}, "protocol": {"seeds": [0, 1]}, "verdicts": []}
+    empty = plot({**record, "runs": []}, tmp_path / "empty.png").stat().st_size
+    drawn = plot({**record, "runs": runs}, tmp_path / "arena.png").stat().st_size
+    assert drawn > empty + 5_000  # eight points on five lines
+
+
 @pytest.mark.parametrize("verdict", ["wins", "ties", "loses"])
 def test_the_report_ends_with_what_to_do_next(verdict):
     assert "## What to do next" in markdown(_with([_verdict("freeze:3", verdict, 1.4, (0, 1, 2))]))
