@@ -141,12 +141,16 @@ class Planner:
         blocked = False
         try:
             self._base_rate()
-            blocked |= self._frontiers()
+            swept = not self._stage(self._sweep)
+            checking = swept and self._stage(self._schedule_check)
+            if self.decisions.schedule_check.get("fallback"):
+                swept = not self._stage(self._sweep)  # again, in separate runs
+            # each budget's best rate is final once the sweep has passed it: the other seeds start there
+            blocked |= self._stage(self._other_seeds)
+            if not swept:
+                raise Blocked()
             # the methods need the full budget's rate only: they run beside the check, whose fallback
             # (rare) leaves their runs unused
-            checking = self._stage(self._schedule_check)
-            if self.decisions.mode == "separate":
-                blocked |= self._frontiers()
             blocked |= checking
             for method in self.methods:
                 blocked |= self._stage(lambda m=method: self._method(m))
@@ -172,15 +176,6 @@ class Planner:
         except Blocked as stop:
             self._want(stop.points)
             return True
-
-    def _frontiers(self) -> bool:
-        """The sweep on the first seed, and the other seeds' points at every budget it has decided;
-        raises `Blocked` until the sweep is complete (every later stage needs its full budget's rate)."""
-        swept = not self._stage(self._sweep)
-        blocked = self._stage(self._other_seeds)
-        if not swept:
-            raise Blocked()
-        return blocked
 
     def _base_rate(self) -> None:
         if self.base is None:

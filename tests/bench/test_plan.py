@@ -267,12 +267,16 @@ def test_the_methods_run_beside_the_schedule_check_and_it_keeps_the_trunk(tmp_pa
 
 def test_a_trunk_worse_than_the_task_s_own_schedule_sends_every_run_to_separate_runs(tmp_path):
     """The fallback, reached after the methods ran beside the check: their trunk runs are left unused,
-    and every reading is taken again from separate runs in the task's own schedule."""
+    every reading is taken again from separate runs in the task's own schedule, and nothing of the trunk
+    is started once it is decided (here: a second seed asked for afterwards)."""
 
     def loss(m, r, b, s):
         return plain_loss(r, b, s) + {"freeze:2": -0.1}.get(m, 0.0)
 
-    data, _ = arena(tmp_path, ["plain", "freeze:2"], loss, seeds=(0,), check=True, own=-0.05)
+    methods = ["plain", "freeze:2"]
+    arena(tmp_path, methods, loss, seeds=(0,), check=True, own=-0.05)
+    data, executor = arena(tmp_path, methods, loss, seeds=(0, 1), check=True, own=-0.05)
+    assert executor.ran and not [k for k in executor.ran if "warmup_stable_decay" in k]
     check = data["decisions"]["schedule_check"]
     assert data["decisions"]["mode"] == "separate" and check["fallback"] is True
     assert check["trunk_eval_loss"] - check["own_schedule_eval_loss"] == pytest.approx(0.05)
