@@ -88,7 +88,12 @@ def run_arena(
     arena.executor = make_executor(task, workers, ray, use_ray)
     arena.check()
     _write_labels(task, out)
-    arena.run()
+    try:
+        arena.run()
+    except KeyboardInterrupt:  # stopped by hand: what it has so far, drawn, before it goes
+        paths = write_report(record.data, out)
+        echo(f"stopped; the report so far: {paths['markdown']}, {paths['plot']} (the same command resumes)")
+        raise
     paths = write_report(record.data, out)
     echo("\n".join(_summary_lines(record.data)))
     echo(f"results: {paths['json']}, {paths['markdown']}, {paths['plot']}")

@@ -222,6 +222,20 @@ def test_a_killed_and_rerun_arena_is_the_uninterrupted_one(tmp_path):
         assert _facts(_arena(task, methods, out)) == whole
 
 
+def test_an_arena_stopped_by_hand_leaves_its_report_so_far(tmp_path, monkeypatch):
+    import hf_hybrid.bench as bench
+
+    task = tiny_task()
+    monkeypatch.setattr(bench, "make_executor", lambda *args, **kwargs: Interrupted(task, 3))
+    lines = []
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_arena(task, ["plain", "freeze:1"], TINY, tmp_path, echo=lines.append)
+    report = (tmp_path / "report.md").read_text()
+    assert "The plain sweep has not finished." in report and report.count("| `plain` |") == 3
+    assert (tmp_path / "arena.png").stat().st_size > 10_000
+    assert "the same command resumes" in lines[-1]
+
+
 def test_a_run_that_fails_twice_is_recorded_with_its_error_and_the_rest_goes_on(tmp_path):
     methods = ["plain", "bench_plugins:FailsLate", "bench_plugins:FailsAtOnce", "freeze:1"]
     data = _arena(tiny_task(), methods, tmp_path)
