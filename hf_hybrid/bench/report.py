@@ -140,6 +140,12 @@ def recommendation(data: Mapping[str, Any]) -> list[str]:
     base = (data.get("decisions") or {}).get("base_learning_rate") or data["task"].get("learning_rate")
     steps = data["task"].get("max_steps")
     protocol = data.get("protocol") or {}
+    check = (data.get("decisions") or {}).get("schedule_check") or {}
+    own = (
+        (check.get("schedule") or data["task"].get("lr_scheduler_type") or "linear")
+        if _separate(data)
+        else None
+    )
     winners = sorted(
         (v for v in verdicts if v["verdict"] == "wins" and not v.get("null_control_of")),
         key=lambda v: -v["speedup_units"],
@@ -154,7 +160,7 @@ def recommendation(data: Mapping[str, Any]) -> list[str]:
             f"`{best['method']}` wins: {best['speedup_units']:.2f}x in compute units over the tuned plain "
             f"Trainer, on every seed run. Train with it at learning rate {rate:.3g}{_overfits(budget, at)}:"
         )
-        lines += ["", "```python", *_arguments(best["method"], rate, at, protocol), "```"]
+        lines += ["", "```python", *_arguments(best["method"], rate, at, protocol, own), "```"]
     else:
         budget = plain.get("best_budget", 1.0)
         rate = base * plain["best_lr_multiplier"][str(budget)]
@@ -163,7 +169,7 @@ def recommendation(data: Mapping[str, Any]) -> list[str]:
             f"No method wins here: keep the plain Trainer, at its tuned learning rate {rate:.3g} for "
             f"{at} steps{_overfits(budget, at)}:"
         )
-        lines += ["", "```python", *_arguments("plain", rate, at, protocol), "```"]
+        lines += ["", "```python", *_arguments("plain", rate, at, protocol, own), "```"]
     contenders = [
         v["method"]
         for v in verdicts
@@ -209,13 +215,18 @@ def _replace_flags(command: str, flags: Mapping[str, list[str]]) -> str:
     return shlex.join(out)
 
 
-def _arguments(method: str, rate: float, steps: Any, protocol: Mapping[str, Any]) -> list[str]:
-    """The arguments of a run like the arena's: its schedule, its rate and the method's own settings."""
+def _arguments(
+    method: str, rate: float, steps: Any, protocol: Mapping[str, Any], own_schedule: str | None = None
+) -> list[str]:
+    """The arguments of a run like the arena's: its schedule (the task's own where the record fell back to
+    it), its rate and the method's own settings."""
     decay = protocol.get("cooldown_fraction", 0.2)
     schedule = (
         f'lr_scheduler_type="warmup_stable_decay", lr_scheduler_kwargs={{"num_decay_steps": '
         f'{round(decay * (steps or 0))}, "decay_type": "{protocol.get("decay_shape", "1-sqrt")}"}}'
     )
+    if own_schedule is not None:
+        schedule = f'lr_scheduler_type="{own_schedule}"'
     name, _, options = method.partition(":")
     fields = [f"learning_rate={rate:.3g}", f"max_steps={steps}", schedule]
     if name == "args":
@@ -246,7 +257,7 @@ def _tuning_gain(data: Mapping[str, Any], base: float) -> str | None:
 
     plain = data.get("plain") or {}
     best = {float(b): m for b, m in (plain.get("best_lr_multiplier") or {}).items()}
-    points = [_plain_point(data["runs"], 0, best[b], b) for b in BUDGETS if b in best]
+    points = [_plain_point(data, 0, best[b], b) for b in BUDGETS if b in best]
     points = [p for p in points if p is not None]
     mine = [
         r
@@ -257,7 +268,7 @@ def _tuning_gain(data: Mapping[str, Any], base: float) -> str | None:
         and r["point"]
         and r.get("eval_loss") is not None
         and math.isfinite(r["eval_loss"])
-        and r["kind"] != "separate"
+        and (r["kind"] == "separate") == _separate(data)
     ]
     given = (data.get("task") or {}).get("learning_rate") is not None  # not a range test's centre
     if not given or not mine or len(points) < 2 or best.get(1.0) == 1.0:
@@ -523,7 +534,7 @@ def _median_frontier(data: Mapping[str, Any]) -> list[tuple[float, float]]:
     best = {float(b): m for b, m in (plain.get("best_lr_multiplier") or {}).items()}
     out = []
     for budget in BUDGETS:
-        points = [_plain_point(data["runs"], s, best[budget], budget) for s in plain.get("seeds") or []]
+        points = [_plain_point(data, s, best[budget], budget) for s in plain.get("seeds") or []]
         points = [p for p in points if p is not None] if budget in best else []
         if points:
             out.append(
@@ -589,10 +600,17 @@ def _off_frame(
     return point is None or point["eval_loss"] > high
 
 
-def _plain_point(runs: Sequence[Mapping[str, Any]], seed: int, multiplier: float, budget: float):
+def _separate(data: Mapping[str, Any]) -> bool:
+    """The record fell back to separate, fully decayed runs in the task's own schedule (or asked for them)."""
+    return (data.get("decisions") or {}).get("mode") == "separate"
+
+
+def _plain_point(data: Mapping[str, Any], seed: int, multiplier: float, budget: float):
+    """Plain's frontier point: a branch or trunk segment, or in separate mode that budget's separate run."""
+    separate = _separate(data)
     found = [
         r
-        for r in runs
+        for r in data["runs"]
         if r["method"] == "plain"
         and r["seed"] == seed
         and r["lr_multiplier"] == multiplier
@@ -600,7 +618,7 @@ def _plain_point(runs: Sequence[Mapping[str, Any]], seed: int, multiplier: float
         and r["point"]
         and r.get("eval_loss") is not None
         and math.isfinite(r["eval_loss"])
-        and r["kind"] != "separate"
+        and (r["kind"] == "separate") == separate
     ]
     return found[0] if found else None
 

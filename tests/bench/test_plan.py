@@ -16,7 +16,7 @@ from hf_hybrid.bench.execute import Measured
 from hf_hybrid.bench.executors import Finished
 from hf_hybrid.bench.plan import Protocol
 from hf_hybrid.bench.record import Record
-from hf_hybrid.bench.report import curve_table
+from hf_hybrid.bench.report import _median_frontier, curve_table, markdown
 from hf_hybrid.bench.spec import RANGE_TEST
 from hf_hybrid.bench.task import BenchTask
 
@@ -284,6 +284,8 @@ def test_a_trunk_worse_than_the_task_s_own_schedule_sends_every_run_to_separate_
     used = [r for r in data["runs"] if r["key"] not in data["unused"] and r["method"] == "freeze:2"]
     assert used and all(r["kind"] == "separate" for r in used)  # the wsd sweep stays: the check stood on it
     assert _verdict(data, "freeze:2")["speedup_units"] > 1.0
+    # the report reads the separate runs too: a frontier point at every budget, the task's own schedule
+    assert len(_median_frontier(data)) == 4 and 'lr_scheduler_type="linear")' in markdown(data)
 
 
 @pytest.mark.parametrize("stop_after", [1, 5, 13, 29])
