@@ -259,6 +259,7 @@ def _tuning_gain(data: Mapping[str, Any], base: float) -> str | None:
     best = {float(b): m for b, m in (plain.get("best_lr_multiplier") or {}).items()}
     points = [_plain_point(data, 0, best[b], b) for b in BUDGETS if b in best]
     points = [p for p in points if p is not None]
+    separate = _separate(data)
     mine = [
         r
         for r in data["runs"]
@@ -268,7 +269,7 @@ def _tuning_gain(data: Mapping[str, Any], base: float) -> str | None:
         and r["point"]
         and r.get("eval_loss") is not None
         and math.isfinite(r["eval_loss"])
-        and (r["kind"] == "separate") == _separate(data)
+        and (r["kind"] == "separate") == separate
     ]
     given = (data.get("task") or {}).get("learning_rate") is not None  # not a range test's centre
     if not given or not mine or len(points) < 2 or best.get(1.0) == 1.0:
