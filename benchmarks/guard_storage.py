@@ -69,6 +69,7 @@ def run_arm(task_name: str, size: str, arm: str, fault: str, seed: int, save_ste
         "restores": stats.get("restores", 0), "restore_steps": stats.get("restore_steps", []),
         "skips": stats.get("skips", 0), "storage": stats.get("spike_guard_storage"),
         "spike_guard_bytes": stats.get("spike_guard_bytes", 0),
+        "copy_every": stats.get("spike_guard_copy_every"),
         "spike_guard_time_share": stats.get("timing", {}).get("parts", {}).get("spike_guard"),
     }  # fmt: skip
 

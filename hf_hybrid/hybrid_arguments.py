@@ -177,6 +177,15 @@ class HybridArgumentsMixin:
         default=_GUARD_DEFAULTS.every,
         metadata={"help": "Optimizer steps between two copies of the spike guard (>= 1)."},
     )
+    hybrid_guard_max_copy_share: float = field(
+        default=_GUARD_DEFAULTS.max_copy_share,
+        metadata={
+            "help": "The spike guard's copies take at most this share of the step time: the first copy is "
+            "timed and, where one every hybrid_guard_every steps costs more, they are spaced x2, x4 ... x16 "
+            "further apart (a restore then goes back further). 0: every hybrid_guard_every steps, whatever "
+            "they cost. In [0, 1)."
+        },
+    )
     hybrid_guard_max_restores: int = field(
         default=_GUARD_DEFAULTS.max_restores,
         metadata={
@@ -226,6 +235,7 @@ class HybridArgumentsMixin:
         return SpikeGuardConfig(
             enabled=self.hybrid_spike_guard != "off",
             every=self.hybrid_guard_every,
+            max_copy_share=self.hybrid_guard_max_copy_share,
             max_restores=self.hybrid_guard_max_restores,
             device=self.hybrid_guard_device,
             storage=storage,

@@ -20,7 +20,13 @@ from hf_hybrid.engine.spike_guard import SpikeGuard
 from hf_hybrid.model_card import card_context, render_section
 from hf_hybrid.telemetry import run_summary
 
-GUARD = {"hybrid_confidence_threshold": 1.0, "hybrid_spike_guard": "on", "hybrid_guard_every": 5}
+# copies every 5 steps, whatever they cost (the spacing by cost: `test_copies_are_spaced_by_what_they_cost`)
+GUARD = {
+    "hybrid_confidence_threshold": 1.0,
+    "hybrid_spike_guard": "on",
+    "hybrid_guard_every": 5,
+    "hybrid_guard_max_copy_share": 0.0,
+}
 BURST = FaultWindow("lr_burst", 50, 3)  # steps 51-53 (1-based)
 BURST_FACTOR = 300.0  # the bench's x30 is a blip on this tiny model, gone the next step: left alone
 GARBAGE = FaultWindow("garbage", 50, 2)  # random tokens in steps 51 and 52
@@ -140,6 +146,18 @@ def test_a_clean_run_with_the_guard_is_the_plain_trainer(tmp_path, capsys):
     assert _same_weights(plain.model, hybrid.model)
     started = [line for line in capsys.readouterr().out.splitlines() if "spike guard on" in line]
     assert len(started) == 1 and "MiB of host memory" in started[0], started
+
+
+def test_copies_are_spaced_by_what_they_cost(tmp_path, caplog):
+    """`hybrid_guard_max_copy_share` reaches the guard: a share no copy can meet spaces them x16 (the
+    most) and says so; the spacing is in the stats (the engine test drives the rule with a clock)."""
+    args = {**GUARD, "hybrid_guard_max_copy_share": 1e-12}
+    hybrid = hybrid_trainer(tmp_path, max_steps=40, **args)
+    with caplog.at_level(logging.INFO, logger="hf_hybrid"):
+        hybrid.train()
+    assert hybrid.hybrid_stats()["spike_guard_copy_every"] == 16 * GUARD["hybrid_guard_every"]
+    said = [r for r in caplog.records if "one copy every 80 steps" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING, [r.getMessage() for r in caplog.records]
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])

@@ -127,7 +127,12 @@ class SpikeGuardConfig:
     suspicion: the loss came back by itself). `storage`: where the copies live: `host` (weights and
     optimizer state on `device`), `weights` (weights only; a restore resets the optimizer's state),
     `checkpoint` (the last checkpoint the caller saved; the caller supplies the copies) or `none` (no
-    copy: bad batches are skipped, nothing is restored)."""
+    copy: bad batches are skipped, nothing is restored).
+
+    `max_copy_share`: the periodic copies' share of the step time the guard keeps under. The first copy
+    is timed against the steps before it; where one every `every` steps costs more, the copies are spaced
+    `every` x2, x4 ... x`MAX_SPACING` apart (a full fine-tune's copies are six times its fp32 weights
+    with Adam). A restore then goes back further. 0: one every `every` steps, whatever it costs."""
 
     enabled: bool = True
     every: int = 10
@@ -143,6 +148,7 @@ class SpikeGuardConfig:
     device: str = "cpu"
     patience: int = 2
     storage: str = "host"
+    max_copy_share: float = 0.002
 
     def __post_init__(self) -> None:
         check_bool("enabled", self.enabled)
@@ -159,3 +165,4 @@ class SpikeGuardConfig:
         check_choice("device", self.device, GUARD_DEVICES)
         check_int("patience", self.patience, 1, 1_000_000)
         check_choice("storage", self.storage, GUARD_STORAGES)
+        check_float("max_copy_share", self.max_copy_share, 0.0, 1.0, high_open=True)

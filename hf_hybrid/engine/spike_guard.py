@@ -37,6 +37,7 @@ import torch
 from .alarm import Alarm, DivergenceLevel
 from .config import SpikeGuardConfig
 from .sharding import local
+from .timing import clock_for
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ BLAME_SHARE = 0.5
 # bad batches before the weights are blamed.
 BLAME_AFTER = 5
 MAX_SKIPS = 8  # spikes in a row skipped as bad batches; after that the data has changed: the run trains on
+MAX_SPACING = 16  # the copies' spacing grows to at most this many times `every` (`max_copy_share`)
 DATA, WEIGHTS = "data", "weights"
 
 
@@ -352,12 +354,14 @@ class SpikeGuard:
         *,
         suspect_loss: Callable[[], float | None] | None = None,
         copies: tuple[CopyStore, CopyStore] | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         """`config.enabled=False` (or no optimizer): a guard that judges nothing and holds nothing, so its
         owner need not ask whether there is one. `suspect_loss()`: the loss of this step's batches at
         the live weights, measured again without a gradient (None: it cannot be); the guard calls it with
         the trusted weights swapped in, to blame. `copies`: the two stores the guard alternates
-        between (default: host copies per `config.storage`)."""
+        between (default: host copies per `config.storage`). `clock`: what the first copy and the steps
+        before it are timed with to space the copies (default: the engine's, `timing.clock_for`)."""
         self.config = config or SpikeGuardConfig()
         self.optimizer = optimizer
         groups = [] if optimizer is None or not self.config.enabled else optimizer.param_groups
@@ -366,6 +370,10 @@ class SpikeGuard:
         self.detector = SpikeDetector(self.config)
         self.trusted, self.pending = copies or host_copies(self.config)
         self.clean_since_pending = 0
+        self.clock = clock or clock_for(self.params)
+        self.copy_every: int | None = None if self.config.max_copy_share > 0 else self.config.every
+        self.step_times: list[float] = []  # seconds of consecutive applied steps, until the spacing is set
+        self.last_observed: tuple[int, float] | None = None
         self.restore_steps: list[int] = []
         self.skip_steps: list[int] = []
         self.skips_in_a_row = 0
@@ -471,7 +479,10 @@ class SpikeGuard:
         """An applied step: its values join the recent window (a spike left alone is the new normal,
         learnt as such); a clean step earns trust for the pending copy or takes one (never while the
         weights are suspect: a copy of damaged weights must not become trusted)."""
-        if not self.params or not _finite(loss, grad_norm):
+        if not self.params:
+            return
+        self._time_step(step)
+        if not _finite(loss, grad_norm):
             return
         self.detector.add(loss, grad_norm, step)
         self.restored_since_update = False
@@ -567,9 +578,57 @@ class SpikeGuard:
             if self.clean_since_pending >= self.config.trust_after:
                 self.trusted, self.pending = self.pending, self.trusted
                 self.pending.step = None
-        if self.pending.periodic and step % self.config.every == 0 and self.pending.step is None:
-            self.pending.take(step, self.params, self.optimizer)
+        every = self.copy_every or self.config.every
+        if self.pending.periodic and step % every == 0 and self.pending.step is None:
+            if self.copy_every is None:
+                self._space_copies(step)
+            else:
+                self.pending.take(step, self.params, self.optimizer)
             self.clean_since_pending = 0
+
+    def _time_step(self, step: int) -> None:
+        """The time since the previous applied step, kept while the copies' spacing is not set (a step
+        right after another only: a predict phase or a skipped step in between is not one step)."""
+        if self.copy_every is not None:
+            return
+        now = self.clock()
+        if self.last_observed is not None and self.last_observed[0] == step - 1:
+            self.step_times.append(now - self.last_observed[1])
+        self.last_observed = (step, now)
+
+    def _space_copies(self, step: int) -> None:
+        """Take the first periodic copy, timed, and space the next ones so that they cost at most
+        `max_copy_share` of the step time (the median of the steps timed before it), every x2^k."""
+        cuda = any(p.device.type == "cuda" for p in self.params)
+        if cuda:  # the copy's kernels run asynchronously: time them whole, this once
+            torch.cuda.synchronize()
+        started = self.clock()
+        self.pending.take(step, self.params, self.optimizer)
+        if cuda:
+            torch.cuda.synchronize()
+        copy_seconds = self.clock() - started
+        if not self.step_times:  # nothing to weigh it against yet (a copy at the first steps)
+            return
+        step_seconds = max(statistics.median(self.step_times), 1e-9)
+        every = self.config.every
+        while copy_seconds / (every * step_seconds) > self.config.max_copy_share and every < (
+            MAX_SPACING * self.config.every
+        ):
+            every *= 2
+        self.copy_every, self.step_times, self.last_observed = every, [], None
+        share = copy_seconds / (every * step_seconds)
+        over = share > self.config.max_copy_share
+        (logger.warning if over else logger.info)(
+            "hf_hybrid: the spike guard's copy (%.1f MiB) took %.3g s against a %.3g s step: one copy every "
+            "%d steps (%.2f%% of the step time%s; a restore goes back up to %d steps)",
+            self.pending.nbytes() / 2**20,
+            copy_seconds,
+            step_seconds,
+            every,
+            100 * share,
+            f", over max_copy_share {self.config.max_copy_share:g}" if over else "",
+            every + self.config.trust_after,
+        )
 
     # ---- what it holds and did --------------------------------------------------------------------
 
@@ -596,6 +655,7 @@ class SpikeGuard:
             "skips": len(self.skip_steps),
             "skip_steps": list(self.skip_steps),
             "spike_guard_bytes": self.nbytes(),
+            "spike_guard_copy_every": self.copy_every if on else None,
             "blamed_data": self.blames[DATA],
             "blamed_weights": self.blames[WEIGHTS],
         }
@@ -617,6 +677,7 @@ class SpikeGuard:
             "skipped_steps": self.skipped_steps,
             "suspicion": [self.suspect_since, self.suspect_hits, self.quiet_steps, self.suspect_level],
             "blames": dict(self.blames),
+            "copy_every": self.copy_every,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -632,6 +693,9 @@ class SpikeGuard:
         self.suspect_since = None if since is None else int(since)
         self.suspect_hits, self.quiet_steps, self.suspect_level = int(hits), int(quiet), float(level)
         self.blames = {DATA: 0, WEIGHTS: 0, **{k: int(v) for k, v in state.get("blames", {}).items()}}
+        saved_every = state.get("copy_every", self.config.every)  # before the spacing: every `every`
+        self.copy_every = None if saved_every is None else int(saved_every)
+        self.step_times, self.last_observed = [], None
         self.trusted.clear()
         self.pending.clear()
         self.clean_since_pending = int(state.get("clean_since_pending", 0))

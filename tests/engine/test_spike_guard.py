@@ -4,6 +4,7 @@ left untouched, bad batches skipped, damaged weights restored after patience, co
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -31,7 +32,9 @@ class Loop:
     """A small MLP regression with AdamW at lr 1e-2, every step through the engine; the learning rate
     x100 in the `burst` steps, random targets x10 in the `garbage` steps (1-based)."""
 
-    def __init__(self, guard: SpikeGuardConfig | None, blame: bool = True) -> None:
+    def __init__(
+        self, guard: SpikeGuardConfig | None, blame: bool = True, clock: Callable[[], float] | None = None
+    ) -> None:
         torch.manual_seed(0)
         self.model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-2)
@@ -40,7 +43,9 @@ class Loop:
         self.guard = None
         if guard is not None:
             measure = self.suspect_loss if blame else None
-            self.guard = SpikeGuard(self.optimizer, guard, suspect_loss=measure)
+            if clock is None:  # copies every `every` steps: what the rule does, whatever the timing
+                guard = dataclasses.replace(guard, max_copy_share=0.0)
+            self.guard = SpikeGuard(self.optimizer, guard, suspect_loss=measure, clock=clock)
         params = dict(self.model.named_parameters())
         self.engine = HybridEngine(params, NEVER_PREDICT, self.optimizer, spike_guard=self.guard)
         self.actions: dict[int, RecoveryAction] = {}
@@ -247,6 +252,70 @@ def test_a_resumed_engine_decides_what_the_uninterrupted_one_does() -> None:
     )
 
 
+class CostlyCopies:
+    """A clock that the test moves: each step costs `step` seconds, each copy `copy` seconds."""
+
+    def __init__(self, step: float, copy: float) -> None:
+        self.now, self.step, self.copy = 0.0, step, copy
+
+    def __call__(self) -> float:
+        return self.now
+
+    def wrap(self, loop: Loop) -> Loop:
+        take = loop.guard.pending.take, loop.guard.trusted.take
+        for store, original in zip((loop.guard.pending, loop.guard.trusted), take, strict=True):
+            store.take = self._costly(original)
+        finish = loop.engine.finish_step
+
+        def timed_finish(*args, **kwargs):
+            self.now += self.step
+            return finish(*args, **kwargs)
+
+        loop.engine.finish_step = timed_finish
+        return loop
+
+    def _costly(self, take: Callable) -> Callable:
+        def costly(*args, **kwargs):
+            self.now += self.copy
+            return take(*args, **kwargs)
+
+        return costly
+
+
+@pytest.mark.parametrize(
+    ("copy_cost", "spacing"), [(0.01, 10), (0.05, 40), (0.5, 160)], ids=["cheap", "dear", "capped"]
+)
+def test_copies_are_spaced_by_what_they_cost(copy_cost: float, spacing: int, caplog) -> None:
+    """A copy that costs more than `max_copy_share` (0.002 here) of ten 1 s steps spaces the next ones
+    x2 at a time (x16 at most, then says it is over); a restore goes back to the copy that was kept."""
+    clock = CostlyCopies(step=1.0, copy=copy_cost)
+    loop = clock.wrap(Loop(SpikeGuardConfig(every=10, max_copy_share=0.002), clock=clock))
+    with caplog.at_level(logging.INFO, logger="hf_hybrid.engine.spike_guard"):
+        loop.run(range(1, 200))
+    stats = loop.engine.stats()
+    assert stats["spike_guard_copy_every"] == spacing
+    said = [r for r in caplog.records if "one copy every" in r.getMessage()]
+    assert len(said) == 1 and f"every {spacing} steps" in said[0].getMessage()
+    assert (said[0].levelno == logging.WARNING) == (spacing == 160)
+    # the copies after the first are every `spacing` steps: the trusted one is the last such step
+    assert loop.guard.trusted.step == max(s for s in range(spacing, 200, spacing) if s + 5 <= 199)
+
+
+def test_the_copies_spacing_is_kept_in_the_engine_state() -> None:
+    """Set once, from the first copy's timing, and saved: a resumed run copies at the steps the
+    uninterrupted run copies at, whatever its own clock says."""
+    clock = CostlyCopies(step=1.0, copy=0.05)
+    whole = clock.wrap(Loop(SpikeGuardConfig(every=10), clock=clock)).run(range(1, 61))
+    state = copy.deepcopy(whole.engine.state_dict())
+    assert state["spike_guard"]["copy_every"] == 40
+    cheap = CostlyCopies(step=1.0, copy=0.0)
+    resumed = cheap.wrap(Loop(SpikeGuardConfig(every=10), clock=cheap))
+    resumed.engine.load_state_dict(state)
+    resumed.run(range(61, 130))
+    assert resumed.engine.stats()["spike_guard_copy_every"] == 40
+    assert resumed.guard.trusted.step == 120
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
     [
@@ -257,6 +326,7 @@ def test_a_resumed_engine_decides_what_the_uninterrupted_one_does() -> None:
         ("min_history", 60),
         ("patience", 0),
         ("storage", "disk"),
+        ("max_copy_share", 1.0),
     ],
 )
 def test_bad_config_names_the_field(field: str, value: object) -> None:
