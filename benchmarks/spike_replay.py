@@ -32,7 +32,9 @@ from hf_hybrid.engine.spike_guard import DATA, WEIGHTS, SpikeDetector, SpikeGuar
 TRACES = (
     ("minilm_lora", "full", (0, 1), (0,)),
     ("clm_stdlib", "quick", (0, 1, 2), (0,)),
-    ("minilm_cls", "full", (0,), ()),  # a full fine-tune: is it quiet when clean?
+    ("minilm_cls", "full", (0,), (0,)),  # a full fine-tune
+    ("decoder_lora", "full", (), (0,)),  # an lr burst within the batch noise?
+    ("decoder_ft", "full", (), (0,)),
 )
 # The verdict table's clean runs: the five arena tasks at full size, 3 seeds, at the full budget's rate the
 # arena tuned (`decisions.best["1.0"]` of the committed record) and at twice it, the edge of stability.
@@ -159,9 +161,8 @@ def replay_guard(trace: dict[str, Any], fields: dict[str, Any], blamed: str) -> 
     def suspect_loss() -> float:
         return measured["data"] if blamed == DATA else measured["weights"]
 
-    guard = SpikeGuard(
-        torch.optim.SGD([param], lr=0.1), SpikeGuardConfig(**fields), suspect_loss=suspect_loss
-    )
+    config = SpikeGuardConfig(**{"max_copy_share": 0.0, **fields})  # copies every `every`: no clock
+    guard = SpikeGuard(torch.optim.SGD([param], lr=0.1), config, suspect_loss=suspect_loss)
     skips: list[int] = []
     for step, (loss, grad_norm) in enumerate(_steps(trace), start=1):
         measured["data"] = loss
