@@ -158,6 +158,7 @@ def run_faults(
                         "restore_steps": stats.get("restore_steps", []),
                         "skips": stats.get("skips", 0),
                         "spike_guard_bytes": stats.get("spike_guard_bytes", 0),
+                        "copy_every": stats.get("spike_guard_copy_every"),
                         "spike_guard_time_share": stats.get("timing", {}).get("parts", {}).get("spike_guard"),
                     }
                 )  # fmt: skip
