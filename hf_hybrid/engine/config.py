@@ -148,7 +148,7 @@ class SpikeGuardConfig:
     device: str = "cpu"
     patience: int = 2
     storage: str = "host"
-    max_copy_share: float = 0.002
+    max_copy_share: float = 0.001
 
     def __post_init__(self) -> None:
         check_bool("enabled", self.enabled)

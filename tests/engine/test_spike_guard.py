@@ -305,11 +305,12 @@ def test_the_copies_spacing_is_kept_in_the_engine_state() -> None:
     """Set once, from the first copy's timing, and saved: a resumed run copies at the steps the
     uninterrupted run copies at, whatever its own clock says."""
     clock = CostlyCopies(step=1.0, copy=0.05)
-    whole = clock.wrap(Loop(SpikeGuardConfig(every=10), clock=clock)).run(range(1, 61))
+    config = SpikeGuardConfig(every=10, max_copy_share=0.002)
+    whole = clock.wrap(Loop(config, clock=clock)).run(range(1, 61))
     state = copy.deepcopy(whole.engine.state_dict())
     assert state["spike_guard"]["copy_every"] == 40
     cheap = CostlyCopies(step=1.0, copy=0.0)
-    resumed = cheap.wrap(Loop(SpikeGuardConfig(every=10), clock=cheap))
+    resumed = cheap.wrap(Loop(config, clock=cheap))
     resumed.engine.load_state_dict(state)
     resumed.run(range(61, 130))
     assert resumed.engine.stats()["spike_guard_copy_every"] == 40
