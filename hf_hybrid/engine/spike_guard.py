@@ -600,7 +600,7 @@ class SpikeGuard:
         """Take the first periodic copy, timed, and space the next ones so that they cost at most
         `max_copy_share` of the step time (the median of the steps timed before it), every x2^k. The
         copy is taken twice and the second timed: the first allocates its buffers, which later copies
-        reuse (timing it made a tiny model's copies look 20 times dearer than they are)."""
+        reuse (timing it made a tiny model's copies look several times dearer than they are)."""
         self.pending.take(step, self.params, self.optimizer)
         cuda = any(p.device.type == "cuda" for p in self.params)
         if cuda:  # the copy's kernels run asynchronously: time them whole, this once
