@@ -52,13 +52,14 @@ SETTINGS = {  # name: SpikeGuardConfig fields
 
 
 class LossTrace(TrainerCallback):
-    """Records the loss `training_step` returns and the gradient norm, every step (gradient accumulation
-    1 in the presets)."""
+    """Records the loss `training_step` returns, the gradient norm and the norm of the update the
+    optimizer applied (all trainable tensors), every step (gradient accumulation 1 in the presets)."""
 
     def __init__(self) -> None:
         self.trainer: Trainer | None = None
         self.losses: list[float] = []
         self.grad_norms: list[float | None] = []
+        self.update_norms: list[float] = []
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         trainer = self.trainer
@@ -76,6 +77,19 @@ class LossTrace(TrainerCallback):
 
         trainer.training_step = types.MethodType(training_step, trainer)
         trainer._get_grad_norm = types.MethodType(get_grad_norm, trainer)
+        optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # accelerate's wrapper
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+        before: list[torch.Tensor] = []
+
+        def copy_before(optimizer: Any, args: Any, kwargs: Any) -> None:
+            before[:] = [p.detach().clone() for p in params]
+
+        def measure_after(optimizer: Any, args: Any, kwargs: Any) -> None:
+            deltas = torch._foreach_sub([p.detach() for p in params], before)
+            self.update_norms.append(float(torch.stack(torch._foreach_norm(deltas)).norm()))
+
+        optimizer.register_step_pre_hook(copy_before)
+        optimizer.register_step_post_hook(measure_after)
 
 
 def tuned_multiplier(task_name: str) -> float | None:
@@ -106,6 +120,7 @@ def record(
         "task": task_name, "size": size, "fault": fault, "seed": seed, "fault_start": start,
         "lr_multiplier": lr_multiplier, "learning_rate": task.learning_rate * lr_multiplier,
         "eval_loss": result.eval_loss, "losses": trace.losses, "grad_norms": trace.grad_norms,
+        "update_norms": trace.update_norms,
     }  # fmt: skip
 
 
@@ -254,16 +269,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="benchmarks/results/spike_replay/spike_replay.json")
     parser.add_argument("--replay_only", action="store_true", help="replay the recorded traces, train none")
+    parser.add_argument("--tasks", nargs="+", default=list(ARENA_TASKS), help="record these tasks' only")
+    parser.add_argument(
+        "--add_update_norms",
+        action="store_true",
+        help="record again the traces recorded before the update norms were (their losses must come out "
+        "the same), to add them",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     out = Path(args.out)
     traces = json.loads(out.read_text()) if out.is_file() else []
-    done = {trace_key(t) for t in traces}
+    done = {trace_key(t) for t in traces if "update_norms" in t or not args.add_update_norms}
     if not args.replay_only:
-        for task_name, size, fault, seed, multiplier, eval_points in wanted_traces():
-            if (task_name, size, fault, seed, multiplier) in done:
+        # the verdict table's clean runs and the lr bursts first: what the update check is judged on
+        order = sorted(wanted_traces(), key=lambda w: w[2] != "lr_burst" and w[5] == 1)
+        for task_name, size, fault, seed, multiplier, eval_points in order:
+            if (task_name, size, fault, seed, multiplier) in done or task_name not in args.tasks:
                 continue
-            traces.append(record(task_name, size, fault, seed, multiplier, eval_points))
+            new = record(task_name, size, fault, seed, multiplier, eval_points)
+            old = [i for i, t in enumerate(traces) if trace_key(t) == trace_key(new)]
+            if old and traces[old[0]]["losses"] != new["losses"]:  # the task or the libraries changed since
+                pairs = zip(traces[old[0]]["losses"], new["losses"], strict=False)
+                first = next((i for i, (a, b) in enumerate(pairs) if a != b), len(new["losses"]))
+                print(f"{_name(new)}: recorded again, its losses differ from step {first + 1}", flush=True)
+                new["differs_from_stored_at"] = first + 1
+            traces = [t for i, t in enumerate(traces) if i not in old] + [new]
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(traces) + "\n")
             print(

@@ -186,6 +186,15 @@ class HybridArgumentsMixin:
             "they cost. In [0, 1)."
         },
     )
+    hybrid_guard_max_update_ratio: float = field(
+        default=_GUARD_DEFAULTS.max_update_ratio,
+        metadata={
+            "help": "An applied update over this many times the median of the recent ones that raised "
+            "its own batch's loss is taken back (weights and optimizer state as before the step). It "
+            "keeps one more copy of the trainable weights and their optimizer state, so it runs with "
+            "host copies only, where that copy costs at most 0.2% of the step time. 0: no check. >= 0."
+        },
+    )
     hybrid_guard_max_restores: int = field(
         default=_GUARD_DEFAULTS.max_restores,
         metadata={
@@ -236,6 +245,7 @@ class HybridArgumentsMixin:
             enabled=self.hybrid_spike_guard != "off",
             every=self.hybrid_guard_every,
             max_copy_share=self.hybrid_guard_max_copy_share,
+            max_update_ratio=self.hybrid_guard_max_update_ratio,
             max_restores=self.hybrid_guard_max_restores,
             device=self.hybrid_guard_device,
             storage=storage,

@@ -1,5 +1,6 @@
 """The spike guard in the trainer: a clean run is the plain Trainer's, a bad batch is skipped and changes
-nothing, damaged weights are restored to the trusted copy exactly, every action is loud, it resumes."""
+nothing, an outsized update is taken back exactly, damaged weights are restored to the trusted copy
+exactly, every action is loud, it resumes."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ GUARD = {
     "hybrid_guard_every": 5,
     "hybrid_guard_max_copy_share": 0.0,
 }
+LOSS_ONLY = {"hybrid_guard_max_update_ratio": 0.0}  # no update check: a burst is the loss's to catch
 BURST = FaultWindow("lr_burst", 50, 3)  # steps 51-53 (1-based)
 BURST_FACTOR = 300.0  # the bench's x30 is a blip on this tiny model, gone the next step: left alone
 GARBAGE = FaultWindow("garbage", 50, 2)  # random tokens in steps 51 and 52
@@ -141,7 +143,11 @@ def test_a_clean_run_with_the_guard_is_the_plain_trainer(tmp_path, capsys):
     assert stats["spike_guard"] and stats["restores"] == 0 and stats["skips"] == 0
     assert stats["spike_skipped_steps"] == 0 and stats["spike_guard_storage"] == "host"
     weights = sum(p.numel() * 4 for p in hybrid.model.parameters())
-    assert stats["spike_guard_bytes"] >= 2 * 3 * weights  # two copies of the weights and Adam's moments
+    assert (
+        stats["update_check"] and stats["updates_taken_back"] == 0 and 0 < stats["largest_update_ratio"] < 10
+    )
+    # two copies of the weights and Adam's moments, and the update check's one
+    assert stats["spike_guard_bytes"] >= 3 * 3 * weights
     assert step_logs(plain, "loss") == step_logs(hybrid, "loss")
     assert _same_weights(plain.model, hybrid.model)
     started = [line for line in capsys.readouterr().out.splitlines() if "spike guard on" in line]
@@ -182,13 +188,38 @@ def test_a_skipped_step_changes_no_weight_and_no_optimizer_state(tmp_path, lora,
 
 
 @pytest.mark.parametrize("optim", ["adamw_torch", "adamw_bnb_8bit"])
-def test_a_restore_puts_back_the_trusted_copy_exactly(tmp_path, optim):
-    """An lr x30 burst damages the weights; after the guard's patience they and every optimizer-state
-    tensor (the 8-bit optimizer's quantised moments and their scales included) equal the state at the
-    trusted copy's step, and the schedule still follows the step count."""
+def test_an_outsized_update_is_taken_back_exactly(tmp_path, optim, caplog):
+    """The burst's updates are hundreds of times the recent ones and raise their own batch's loss: each is
+    taken back, so after each burst step the weights and every optimizer-state tensor (the 8-bit
+    optimizer's quantised moments included) are those of before it; said as a skip, step by step."""
     if optim == "adamw_bnb_8bit":
         pytest.importorskip("bitsandbytes")
-    trainer = hybrid_trainer(tmp_path, max_steps=70, optim=optim, **GUARD)
+    trainer = hybrid_trainer(tmp_path, max_steps=60, optim=optim, **GUARD)
+    snapshots = _watched(trainer, BURST)
+    with caplog.at_level(logging.WARNING, logger="hf_hybrid"):
+        trainer.train()
+    stats = trainer.hybrid_stats()
+    assert stats["taken_back_steps"] == [51, 52, 53] == _actions(trainer, "skip") == stats["skip_steps"]
+    assert stats["restores"] == 0
+    for step in (51, 52, 53):
+        assert _equal(snapshots.at[step - 1], snapshots.at[step]), f"step {step} was not taken back exactly"
+        assert snapshots.at[step]["schedule"] == snapshots.at[step - 1]["schedule"] + 1
+    assert not _equal(snapshots.at[54], snapshots.at[53])  # the next step trains
+    warned = [
+        r.message for r in caplog.records if r.levelno == logging.WARNING and "outsized update" in r.message
+    ]
+    assert len(warned) == 3 and all(": skip: " in m for m in warned), warned
+
+
+@pytest.mark.parametrize("optim", ["adamw_torch", "adamw_bnb_8bit"])
+def test_a_restore_puts_back_the_trusted_copy_exactly(tmp_path, optim):
+    """An lr x300 burst damages the weights (the update check off: as where its copy is too dear); after
+    the guard's patience they and every optimizer-state tensor (the 8-bit optimizer's quantised moments
+    and their scales included) equal the state at the trusted copy's step, and the schedule still
+    follows the step count."""
+    if optim == "adamw_bnb_8bit":
+        pytest.importorskip("bitsandbytes")
+    trainer = hybrid_trainer(tmp_path, max_steps=70, optim=optim, **GUARD, **LOSS_ONLY)
     snapshots = _watched(trainer, BURST)
     trainer.train()
     (restored,) = _actions(trainer, "restore")
@@ -214,7 +245,7 @@ def test_a_restore_under_a_grad_scaler_puts_back_the_trusted_copy(tmp_path):
     """fp16 on CUDA: the GradScaler sees every step (nothing is skipped), a burst is still restored."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    trainer = hybrid_trainer(tmp_path, max_steps=70, fp16=True, use_cpu=False, **GUARD)
+    trainer = hybrid_trainer(tmp_path, max_steps=70, fp16=True, use_cpu=False, **GUARD, **LOSS_ONLY)
     snapshots = _watched(trainer, BURST)
     trainer.train()
     assert trainer.accelerator.scaler is not None
@@ -225,8 +256,8 @@ def test_a_restore_under_a_grad_scaler_puts_back_the_trusted_copy(tmp_path):
 
 def test_every_action_is_loud(tmp_path, caplog):
     """A restore and a skip each: a warning, a hybrid/* metric, a timeline mark, the end-of-run summary
-    and the model card; restores counted once."""
-    trainer = hybrid_trainer(tmp_path, max_steps=80, **GUARD)
+    and the model card; restores counted once. (A taken-back update is a skip: the test above.)"""
+    trainer = hybrid_trainer(tmp_path, max_steps=80, **GUARD, **LOSS_ONLY)
     _faulted(trainer, BURST)
     inject(trainer, FaultWindow("garbage", 70, 1), seed=0)
     with caplog.at_level(logging.WARNING, logger="hf_hybrid"):
@@ -267,26 +298,31 @@ def test_the_tested_path_is_the_shipped_path(tmp_path, monkeypatch):
             return _original(self, *args, **kw)
 
         monkeypatch.setattr(SpikeGuard, name, spy)
-    trainer = hybrid_trainer(tmp_path, max_steps=80, save_strategy="steps", save_steps=40, **GUARD)
-    _faulted(trainer, BURST)
-    inject(trainer, FaultWindow("garbage", 70, 1), seed=0)
-    trainer.train()
-    assert trainer.hybrid_stats()["restores"] == 1 and trainer.hybrid_stats()["skips"] >= 1
+    for check, acted in (({}, "updates_taken_back"), (LOSS_ONLY, "restores")):
+        args = {**GUARD, **check, "save_strategy": "steps", "save_steps": 40}
+        trainer = hybrid_trainer(tmp_path / acted, max_steps=80, **args)
+        _faulted(trainer, BURST)
+        inject(trainer, FaultWindow("garbage", 70, 1), seed=0)
+        trainer.train()
+        assert trainer.hybrid_stats()[acted] >= 1 and trainer.hybrid_stats()["skips"] >= 1
     assert set(public) - accessors <= called, sorted(set(public) - accessors - called)
 
 
-def test_the_guard_resumes_and_restores_what_the_uninterrupted_run_does(tmp_path):
-    """A checkpoint at step 40, the burst after it: the resumed run restores at the same step to the same
-    state and ends with the same weights, to the last bit (no copy is in the checkpoint: saving rebases
-    the copies on the saved state, which the resumed run copies again)."""
-    args = {**GUARD, "max_steps": 70, "save_strategy": "steps", "save_steps": 40}
+@pytest.mark.parametrize(("check", "acted"), [({}, "taken_back_steps"), (LOSS_ONLY, "restore_steps")])
+def test_the_guard_resumes_and_restores_what_the_uninterrupted_run_does(tmp_path, check, acted):
+    """A checkpoint at step 40, the burst after it: the resumed run takes back or restores at the same
+    steps to the same state and ends with the same weights, to the last bit (no copy is in the
+    checkpoint: saving rebases the copies on the saved state, which the resumed run copies again; the
+    update check's recent norms are in it)."""
+    args = {**GUARD, **check, "max_steps": 70, "save_strategy": "steps", "save_steps": 40}
     whole = hybrid_trainer(tmp_path / "whole", **args)
     _faulted(whole, BURST)
     whole.train()
-    assert whole.hybrid_stats()["restores"] == 1
+    assert whole.hybrid_stats()[acted] != []
     resumed = hybrid_trainer(tmp_path / "whole", **args)
     _faulted(resumed, BURST)
     resumed.train(resume_from_checkpoint=str(tmp_path / "whole" / "checkpoint-40"))
+    assert resumed.hybrid_stats()[acted] == whole.hybrid_stats()[acted]
     assert resumed.hybrid_stats()["restore_steps"] == whole.hybrid_stats()["restore_steps"]
     assert _same_weights(resumed.model, whole.model)
 

@@ -30,13 +30,16 @@ class Alarm:
     parameters (a predictor that crashed while only being scored): they never cause a rollback.
     `restorable`: a loss spike the spike guard can undo by restoring its last trusted copy;
     `skips_step`: the step's update must not be applied (a non-finite gradient, or a spike blamed on the
-    batch); `spike`: raised by the spike guard (its skips are counted as the guard's)."""
+    batch); `takes_back`: that update was applied before it was judged (the spike guard's update check),
+    so skipping it puts back the state of before the step; `spike`: raised by the spike guard (its skips
+    are counted as the guard's)."""
 
     level: DivergenceLevel
     reason: str
     blames_weights: bool = True
     restorable: bool = False
     skips_step: bool = False
+    takes_back: bool = False
     spike: bool = False
 
 

@@ -132,7 +132,13 @@ class SpikeGuardConfig:
     `max_copy_share`: the periodic copies' share of the step time the guard keeps under. The first copy
     is timed against the steps before it; where one every `every` steps costs more, the copies are spaced
     `every` x2, x4 ... x`MAX_SPACING` apart (a full fine-tune's copies are six times its fp32 weights
-    with Adam). A restore then goes back further. 0: one every `every` steps, whatever it costs."""
+    with Adam). A restore then goes back further. 0: one every `every` steps, whatever it costs.
+
+    `max_update_ratio`: an applied update over this many times the median of the recent ones that raised
+    its own batch's loss is taken back (`update_check.py`; 0: no such check). It keeps one more copy of
+    the trainable weights and their optimizer state, taken every step, so it runs only with `host`
+    storage and where that copy and the update's norm cost at most `max_check_share` of the step time
+    (timed with the first periodic copy; 0: whatever it costs)."""
 
     enabled: bool = True
     every: int = 10
@@ -149,6 +155,8 @@ class SpikeGuardConfig:
     patience: int = 2
     storage: str = "host"
     max_copy_share: float = 0.001
+    max_update_ratio: float = 10.0
+    max_check_share: float = 0.002
 
     def __post_init__(self) -> None:
         check_bool("enabled", self.enabled)
@@ -166,3 +174,5 @@ class SpikeGuardConfig:
         check_int("patience", self.patience, 1, 1_000_000)
         check_choice("storage", self.storage, GUARD_STORAGES)
         check_float("max_copy_share", self.max_copy_share, 0.0, 1.0, high_open=True)
+        check_float("max_update_ratio", self.max_update_ratio, 0.0, 1e12)
+        check_float("max_check_share", self.max_check_share, 0.0, 1.0, high_open=True)

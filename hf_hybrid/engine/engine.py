@@ -212,20 +212,27 @@ class HybridEngine:
         # restore decided below then puts back the snapshot or the trusted copy.
         look = not self.wakefulness.skips_look(phase, self.controller.steps_decided, self.confidence)
         step, losses = self.controller.steps_decided, (loss, self.losses.predicted)
+        if guarded:
+            with self.timer.part("spike_guard"):
+                self.spike_guard.before_update(self.step_number)
         residual, alarm = self.learner.learn(optimizer_step, look, phase, step, steps_ahead, losses)
         if alarm is not None and self.phase is not None and self.controller.predict_remaining > 0:
             alarms.append(alarm)  # the phase would go on predicting with a predictor that was just reset
+        if guarded:
+            with self.timer.part("spike_guard"):  # the update just applied, judged by its size
+                alarms += self.spike_guard.update_alarms(self.step_number)
         with self.timer.part("loss_forecaster"):
             self.losses.measure(loss, record.learning_rate, grad_norm, phase.index)
         action = self._recover(alarms, phase)
-        if guarded and action is not RecoveryAction.RESTORE:
+        applied = action is not RecoveryAction.SKIP  # a SKIP here took the applied update back
+        if guarded and applied and action is not RecoveryAction.RESTORE:
             with self.timer.part("spike_guard"):  # a copy is due every `every` clean steps
                 self.spike_guard.observe(self.step_number, loss, grad_norm)
         if phase is Phase.CORRECT and self.phase is not None:
             skill = 0.0 if residual is None else residual.skill(self.corrector.scale)
             # a phase validated under a CAUTION keeps the halved cap instead of widening it again
             self.phases.validated(skill, widen=action is not RecoveryAction.SHORTEN_HORIZON)
-        return self._outcome(phase, loss, True, alarms, action)
+        return self._outcome(phase, loss, applied, alarms, action)
 
     # ---- predicted steps ------------------------------------------------------------------------
 
@@ -271,6 +278,8 @@ class HybridEngine:
             elif action is RecoveryAction.RESTORE:
                 self._restore(alarms)
             elif action is RecoveryAction.SKIP:
+                if any(a.takes_back for a in alarms):
+                    self._take_back()
                 if any(a.spike for a in alarms):
                     self.spike_guard.skipped(self.step_number)
                 self.counters.add("skipped_updates")
@@ -294,6 +303,14 @@ class HybridEngine:
             self.watch.reset_to({name: local(p).detach() for name, p in self.params.items()})
             self.watch.reset()
         self._force_full()
+
+    def _take_back(self) -> None:
+        """The spike guard puts back the state of before the step whose update it judged outsized; the
+        predictors forget that update, as after a restore."""
+        with self.timer.part("spike_guard"):
+            self.spike_guard.take_back(self.step_number)
+            self.watch.reset_to({name: local(p).detach() for name, p in self.params.items()})
+            self.watch.reset()
 
     def _force_full(self) -> None:
         self.counters.add("forced_full")

@@ -18,6 +18,10 @@ before it), done on the fly and through the engine's one recovery rule (`recover
   itself within `patience` firing steps is left alone (as the plain run recovers from it); one that
   does not is undone (`RecoveryAction.RESTORE`: the trusted copy put back, the batches since skipped).
 
+An update can also do damage the loss does not show above its batch noise: where it is cheap, every
+step's applied update is checked too (`UpdateCheck`: one many times the recent ones that raised its own
+batch's loss is taken back, `RecoveryAction.SKIP` after the fact).
+
 At most `max_restores` restores in any `window` steps: after that it says so and lets the run train as
 the plain loop would. Non-finite steps are not spikes here: the recovery rule never applies them.
 Numbers and how they were chosen: `benchmarks/README.md`, "The spike guard".
@@ -38,6 +42,7 @@ from .alarm import Alarm, DivergenceLevel
 from .config import SpikeGuardConfig
 from .sharding import local
 from .timing import clock_for
+from .update_check import UpdateCheck
 
 logger = logging.getLogger(__name__)
 
@@ -386,6 +391,16 @@ class SpikeGuard:
         self.blames = {DATA: 0, WEIGHTS: 0}
         self.fired = False  # whether the detector fired at the step `alarms` judged last
         self.capped_at: int | None = None  # the step of the last refusal, logged once per window
+        self.update_check = UpdateCheck(
+            self.params,
+            optimizer,
+            HostCopy(self.config.device),
+            max_ratio=self.config.max_update_ratio if self.config.storage == "host" else 0.0,
+            history=self.config.history,
+            min_history=self.config.min_history,
+            suspect_loss=suspect_loss,
+        )
+        self.taken_back_steps: list[int] = []
 
     @classmethod
     def off(cls) -> SpikeGuard:
@@ -468,6 +483,24 @@ class SpikeGuard:
         finally:
             self.trusted.swap(self.params)
         return measured if measured is not None and math.isfinite(measured) else None
+
+    def before_update(self, step: int) -> None:
+        """The optimizer is about to apply this step's update: the update check keeps what it changes."""
+        self.update_check.take(step)
+
+    def update_alarms(self, step: int) -> list[Alarm]:
+        """The update the optimizer just applied, judged (`UpdateCheck`): an alarm that takes it back, or
+        none. Past `MAX_SKIPS` skips in a row it stays, as a spike does."""
+        why = self.update_check.judge(can_take_back=self.skips_in_a_row < MAX_SKIPS)
+        if why is None:
+            return []
+        why = f"outsized update: {why}"
+        return [Alarm(DivergenceLevel.CRITICAL, why, spike=True, skips_step=True, takes_back=True)]
+
+    def take_back(self, step: int) -> None:
+        """The recovery rule skips the step whose update was already applied: put back the state before it."""
+        self.update_check.take_back()
+        self.taken_back_steps.append(step)
 
     def skipped(self, step: int) -> None:
         """The recovery rule skipped this step's update (the batch was blamed)."""
@@ -619,6 +652,7 @@ class SpikeGuard:
         ):
             every *= 2
         self.copy_every, self.step_times, self.last_observed = every, [], None
+        self._decide_update_check(step_seconds)
         share = copy_seconds / (every * step_seconds)
         over = share > self.config.max_copy_share
         (logger.warning if over else logger.info)(
@@ -633,14 +667,30 @@ class SpikeGuard:
             every + self.config.trust_after,
         )
 
+    def _decide_update_check(self, step_seconds: float) -> None:
+        """Keep the update check where its per-step copy and norm cost at most `max_check_share`."""
+        if not self.update_check.on or self.config.max_check_share == 0:
+            return
+        share = self.update_check.cost_seconds(self.clock) / step_seconds
+        keep = share <= self.config.max_check_share
+        if not keep:
+            self.update_check.turn_off()
+        logger.info(
+            "hf_hybrid: the spike guard's update check (a copy of %.2f MiB every step) takes %.2f%% of the "
+            "step time: %s",
+            self.update_check.before.nbytes() / 2**20,
+            100 * share,
+            "on" if keep else f"off, over max_check_share {self.config.max_check_share:g}",
+        )
+
     # ---- what it holds and did --------------------------------------------------------------------
 
     def tensors(self) -> list[torch.Tensor]:
         """The copies' buffers (both kept: the trusted one and the next, pending or reused)."""
-        return [*self.trusted.tensors(), *self.pending.tensors()]
+        return [*self.trusted.tensors(), *self.pending.tensors(), *self.update_check.before.tensors()]
 
     def nbytes(self) -> int:
-        return self.trusted.nbytes() + self.pending.nbytes()
+        return self.trusted.nbytes() + self.pending.nbytes() + self.update_check.before.nbytes()
 
     def buffer_count(self) -> int:
         """How many buffers the copies hold (changes when a copy is first taken)."""
@@ -661,6 +711,10 @@ class SpikeGuard:
             "spike_guard_copy_every": self.copy_every if on else None,
             "blamed_data": self.blames[DATA],
             "blamed_weights": self.blames[WEIGHTS],
+            "update_check": self.update_check.on,
+            "updates_taken_back": len(self.taken_back_steps),
+            "taken_back_steps": list(self.taken_back_steps),
+            "largest_update_ratio": self.update_check.largest_ratio,
         }
 
     def state_dict(self) -> dict[str, Any]:
@@ -681,6 +735,8 @@ class SpikeGuard:
             "suspicion": [self.suspect_since, self.suspect_hits, self.quiet_steps, self.suspect_level],
             "blames": dict(self.blames),
             "copy_every": self.copy_every,
+            "update_check": self.update_check.state_dict(),
+            "taken_back_steps": list(self.taken_back_steps),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -699,6 +755,9 @@ class SpikeGuard:
         saved_every = state.get("copy_every", self.config.every)  # before the spacing: every `every`
         self.copy_every = None if saved_every is None else int(saved_every)
         self.step_times, self.last_observed = [], None
+        if "update_check" in state:  # saved before the check existed: it starts afresh
+            self.update_check.load_state_dict(state["update_check"])
+        self.taken_back_steps = [int(s) for s in state.get("taken_back_steps", [])]
         self.trusted.clear()
         self.pending.clear()
         self.clean_since_pending = int(state.get("clean_since_pending", 0))

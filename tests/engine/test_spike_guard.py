@@ -1,5 +1,6 @@
 """The spike guard in a plain PyTorch loop, through `HybridEngine` (the path that ships): a clean run
-left untouched, bad batches skipped, damaged weights restored after patience, copies, cap, resume."""
+left untouched, bad batches skipped, outsized updates taken back, damaged weights restored after
+patience, copies, cap, resume."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from hf_hybrid.engine.spike_guard import BLAME_AFTER, MAX_SKIPS, SpikeGuard
 from hf_hybrid.engine.validation import ConfigError
 
 STEPS = 120
+LOSS_ONLY = {"max_update_ratio": 0.0}  # the loss's path alone: what the guard does where the check is off
 NEVER_PREDICT = EngineConfig(schedule=PhaseSchedule(confidence_threshold=1.0))
 
 
@@ -70,6 +72,7 @@ class Loop:
         garbage: range = range(0),
         loss_of: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
         keep: bool = False,
+        base_lr: float = 1e-2,
     ) -> Loop:
         for step in steps:
             self.engine.begin_step(step)
@@ -84,7 +87,7 @@ class Loop:
             self.optimizer.zero_grad()
             loss.backward()
             grad_norm = float(torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters()]))
-            lr = 1.0 if step in burst else 1e-2
+            lr = 1.0 if step in burst else base_lr
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             if keep:
@@ -123,15 +126,47 @@ def test_a_clean_run_is_the_plain_loop_bit_for_bit() -> None:
     assert all(
         torch.equal(a, b) for a, b in zip(plain.model.parameters(), guarded.model.parameters(), strict=True)
     )
-    # it holds two copies of the weights and Adam's two moments (and the step counters)
+    # two copies of the weights and Adam's two moments (and the step counters), and the update check's
+    assert (
+        stats["update_check"] and 0 < stats["largest_update_ratio"] < 10 and stats["updates_taken_back"] == 0
+    )
     weights = sum(p.numel() * 4 for p in plain.model.parameters())
-    assert 3 * weights <= stats["spike_guard_bytes"] // 2 <= 3 * weights + 64
+    assert 3 * weights <= stats["spike_guard_bytes"] // 3 <= 3 * weights + 64
+
+
+def test_an_lr_burst_is_taken_back_step_by_step() -> None:
+    """Each burst step's update is 100x the recent ones and raises its own batch's loss: the weights and
+    optimizer state of before it are put back, so the run is the clean one without those 3 batches."""
+    clean = Loop(None).run(range(1, STEPS + 1))
+    faulted = Loop(None).run(range(1, STEPS + 1), burst=range(80, 83))
+    loop = Loop(SpikeGuardConfig(every=10)).run(range(1, STEPS + 1), burst=range(80, 83), keep=True)
+    stats = loop.engine.stats()
+    assert loop.steps_with(RecoveryAction.SKIP) == [80, 81, 82] == stats["taken_back_steps"]
+    assert stats["skip_steps"] == [80, 81, 82] and stats["restores"] == 0 and stats["skipped_updates"] == 3
+    assert all(_same(loop.before[s], loop.after[s]) for s in (80, 81, 82))
+    assert not _same(loop.before[83], loop.after[83])
+    damage = faulted.eval() - clean.eval()
+    assert damage > 0.1
+    assert abs(loop.eval() - clean.eval()) < 0.05 * damage
+
+
+def test_an_outsized_update_that_lowers_its_batch_loss_stays() -> None:
+    """A schedule's own jump (lr x100 from step 61 on, as a restart would): the updates are outsized, but
+    each lowers its own batch's loss, so the run is the unguarded one bit for bit."""
+    plain = Loop(None).run(range(1, 61), base_lr=1e-4).run(range(61, STEPS + 1))
+    guarded = Loop(SpikeGuardConfig(every=10)).run(range(1, 61), base_lr=1e-4).run(range(61, STEPS + 1))
+    stats = guarded.engine.stats()
+    assert stats["largest_update_ratio"] > 10 and stats["updates_taken_back"] == 0  # judged, and left
+    assert all(
+        torch.equal(a, b) for a, b in zip(plain.model.parameters(), guarded.model.parameters(), strict=True)
+    )
 
 
 def test_an_lr_burst_blames_the_weights_waits_then_restores() -> None:
+    """Where the update check is off (its copy too dear), the loss's path undoes the burst."""
     clean = Loop(None).run(range(1, STEPS + 1))
     faulted = Loop(None).run(range(1, STEPS + 1), burst=range(80, 83))
-    loop = Loop(SpikeGuardConfig(every=10)).run(range(1, STEPS + 1), burst=range(80, 83))
+    loop = Loop(SpikeGuardConfig(every=10, **LOSS_ONLY)).run(range(1, STEPS + 1), burst=range(80, 83))
     stats = loop.engine.stats()
     restored = loop.steps_with(RecoveryAction.RESTORE)
     assert restored == stats["restore_steps"] and len(restored) >= 1
@@ -184,7 +219,7 @@ def test_without_a_second_measurement_sudden_spikes_are_the_batches_until_they_r
 
 
 def test_after_a_restore_spikes_are_bad_batches_up_to_a_cap() -> None:
-    loop = Loop(SpikeGuardConfig(every=5, trust_after=1)).run(range(1, 40))
+    loop = Loop(SpikeGuardConfig(every=5, trust_after=1, **LOSS_ONLY)).run(range(1, 40))
     loop.run(range(40, 60), burst=range(40, 41))
     assert loop.steps_with(RecoveryAction.RESTORE)
     after = range(60, 60 + MAX_SKIPS + 2)
@@ -193,7 +228,7 @@ def test_after_a_restore_spikes_are_bad_batches_up_to_a_cap() -> None:
 
 
 def test_restores_are_capped_per_window(caplog: pytest.LogCaptureFixture) -> None:
-    guard = SpikeGuardConfig(every=5, trust_after=1, max_restores=1, window=1000, patience=1)
+    guard = SpikeGuardConfig(every=5, trust_after=1, max_restores=1, window=1000, patience=1, **LOSS_ONLY)
     loop = Loop(guard).run(range(1, 41))
     with caplog.at_level(logging.WARNING, logger="hf_hybrid"):
         loop.run(range(41, 61), burst=range(40, 60))
@@ -231,22 +266,25 @@ def test_storage_none_only_skips() -> None:
     assert 85 in stats["skip_steps"]
 
 
-def test_a_resumed_engine_decides_what_the_uninterrupted_one_does() -> None:
+@pytest.mark.parametrize(("fields", "acted"), [({}, "taken_back_steps"), (LOSS_ONLY, "restore_steps")])
+def test_a_resumed_engine_decides_what_the_uninterrupted_one_does(fields: dict, acted: str) -> None:
     """Saving the engine rebases the guard's copies on the saved state, so a resumed run, which copies
-    that state again, restores what the uninterrupted run restores (and no copy is in the saved state)."""
-    whole = Loop(SpikeGuardConfig(every=10))
+    that state again, restores what the uninterrupted run restores (and no copy is in the saved state);
+    the update check's recent norms are saved, so it takes back what the uninterrupted run does."""
+    whole = Loop(SpikeGuardConfig(every=10, **fields))
     whole.run(range(1, 61))
     saved = (copy.deepcopy(whole.model.state_dict()), copy.deepcopy(whole.optimizer.state_dict()))
     state = whole.engine.state_dict()
     assert not any(torch.is_tensor(v) for v in state["spike_guard"].values())
     whole.run(range(61, STEPS + 1), burst=range(70, 73))
-    resumed = Loop(SpikeGuardConfig(every=10))
+    resumed = Loop(SpikeGuardConfig(every=10, **fields))
     resumed.model.load_state_dict(saved[0])
     resumed.optimizer.load_state_dict(saved[1])
     resumed.engine.load_state_dict(copy.deepcopy(state))
     resumed.batches = list(whole.batches[:60])
     resumed.run(range(61, STEPS + 1), burst=range(70, 73))
-    assert whole.engine.stats()["restore_steps"] == resumed.engine.stats()["restore_steps"] != []
+    assert whole.engine.stats()[acted] == resumed.engine.stats()[acted] != []
+    assert whole.engine.stats()["restore_steps"] == resumed.engine.stats()["restore_steps"]
     assert all(
         torch.equal(a, b) for a, b in zip(whole.model.parameters(), resumed.model.parameters(), strict=True)
     )
@@ -328,6 +366,8 @@ def test_the_copies_spacing_is_kept_in_the_engine_state() -> None:
         ("patience", 0),
         ("storage", "disk"),
         ("max_copy_share", 1.0),
+        ("max_update_ratio", -1.0),
+        ("max_check_share", float("nan")),
     ],
 )
 def test_bad_config_names_the_field(field: str, value: object) -> None:
