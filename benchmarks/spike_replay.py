@@ -27,6 +27,7 @@ from hf_hybrid.bench.methods import parse_method
 from hf_hybrid.bench.runner import run_trial
 from hf_hybrid.bench.tasks import get_task
 from hf_hybrid.engine.spike_guard import DATA, WEIGHTS, SpikeDetector, SpikeGuard, SpikeGuardConfig
+from hf_hybrid.engine.update_check import UpdateCheck
 
 # (task, size, seeds of the clean traces, seeds of the faulted ones), at the task's default rate
 TRACES = (
@@ -163,6 +164,30 @@ def detector_fires(trace: dict[str, Any]) -> list[int]:
     return fired
 
 
+def update_check_fires(trace: dict[str, Any]) -> tuple[list[int], float] | None:
+    """The 1-based steps whose applied update the shipped `UpdateCheck` judges outsized (more than
+    `max_update_ratio` times the median of the recent ones; whether it is then taken back depends on its
+    batch measured at the weights before and after, which a trace has not), and the largest ratio of
+    the updates it leaves; None for a trace recorded without the update norms."""
+    if "update_norms" not in trace:
+        return None
+    config = SpikeGuardConfig()
+    check = UpdateCheck(
+        [], None, None, max_ratio=config.max_update_ratio, history=config.history,
+        min_history=config.min_history, suspect_loss=None,
+    )  # fmt: skip
+    fired: list[int] = []
+    largest = 0.0
+    for step, norm in enumerate(trace["update_norms"], start=1):
+        ratio = check._ratio(norm)
+        if ratio > config.max_update_ratio:
+            fired.append(step)  # a guarded run takes it back (if it raised its batch's loss) or learns it
+        else:
+            largest = max(largest, ratio)
+        check.norms.append(norm)
+    return fired, largest
+
+
 def replay_guard(trace: dict[str, Any], fields: dict[str, Any], blamed: str) -> str:
     """The shipped `SpikeGuard` over a trace, step by step as the engine drives it, with its second
     measurement of the suspect batches standing for what it finds when `blamed` is to blame (`data`:
@@ -194,6 +219,15 @@ def replay_guard(trace: dict[str, Any], fields: dict[str, Any], blamed: str) -> 
     return _outcome(skips)
 
 
+def _update_cell(trace: dict[str, Any]) -> str:
+    """What the update check sees on a trace: the steps it judges, or the largest ratio it leaves."""
+    judged = update_check_fires(trace)
+    if judged is None:
+        return "; updates not recorded"
+    fired, largest = judged
+    return f"; updates judged at {_steps_text(fired)}" if fired else f"; updates <= {largest:.1f}x"
+
+
 def _outcome(skips: list[int]) -> str:
     return "0" if not skips else f"{len(skips)} skip{'s' if len(skips) > 1 else ''} ({_steps_text(skips)})"
 
@@ -216,8 +250,8 @@ def summary(traces: list[dict[str, Any]]) -> str:
     """One row per trace: where the detector alone fires, then per setting what the guard does (clean
     traces: if the batches were to blame / if the weights were; faulted: the fault's own culprit)."""
     lines = [
-        "| trace | detector fires at | " + " | ".join(SETTINGS) + " |",
-        "|---|---|" + "---|" * len(SETTINGS),
+        "| trace | detector fires at | update check | " + " | ".join(SETTINGS) + " |",
+        "|---|---|---|" + "---|" * len(SETTINGS),
     ]
     for trace in traces:
         fired = detector_fires(trace)
@@ -230,7 +264,10 @@ def summary(traces: list[dict[str, Any]]) -> str:
                 blamed = WEIGHTS if trace["fault"] == "lr_burst" else DATA
                 start = fault_window(trace["fault"], len(trace["losses"])).start
                 cells.append(f"{replay_guard(trace, fields, blamed)} (fault from {start + 1})")
-        lines.append(f"| {_name(trace)} | {_steps_text(fired) or '-'} | " + " | ".join(cells) + " |")
+        update = _update_cell(trace).removeprefix("; ")
+        lines.append(
+            f"| {_name(trace)} | {_steps_text(fired) or '-'} | {update} | " + " | ".join(cells) + " |"
+        )
     return "\n".join(lines)
 
 
@@ -259,7 +296,7 @@ def clean_table(traces: list[dict[str, Any]]) -> str:
                 acted = " / ".join(sorted(outcomes))
                 fired = detector_fires(trace)
                 where = f" (fired at {_steps_text(fired)})" if fired else ""
-                cells.append(("0 actions" if outcomes == {"0"} else acted) + where)
+                cells.append(("0 actions" if outcomes == {"0"} else acted) + where + _update_cell(trace))
             rate = get_task(task).learning_rate * multiplier
             lines.append(f"| `{task}` | {label} ({rate:g}) | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -8,6 +8,9 @@ Two copies (the trusted one and the next) of what a restore puts back:
   saves checkpoints), weights and optimizer state, from disk;
 - `none`: no copy; bad batches are still skipped, nothing is restored.
 
+With `host` copies the update check (`engine/update_check.py`) keeps a third, taken before every step,
+when it fits the budget too.
+
 `auto` takes the first of host, weights, checkpoint that fits the budget: by default a fifth of the host
 memory available when training starts (`hybrid_guard_memory_mb` sets it). The order and what each costs
 are measured in `benchmarks/README.md` ("The spike guard").
@@ -57,12 +60,14 @@ def optimizer_state_bytes(optimizer: Any, params: Iterable[torch.Tensor]) -> int
 
 @dataclass(frozen=True)
 class StoragePlan:
-    """The storage chosen, the bytes its copies take in host memory, the budget, and why."""
+    """The storage chosen, the bytes its copies take in host memory (the update check's included), the
+    budget, and why; `update_check`: whether the update check's copy fits too."""
 
     storage: str
     copy_bytes: int
     budget: int | None
     reason: str
+    update_check: bool = False
 
     def line(self) -> str:
         """What the start of training says about it."""
@@ -72,10 +77,16 @@ class StoragePlan:
 
 
 def choose_storage(
-    requested: str, weights_bytes: int, state_bytes: int, budget: int | None, saves_checkpoints: bool
+    requested: str,
+    weights_bytes: int,
+    state_bytes: int,
+    budget: int | None,
+    saves_checkpoints: bool,
+    update_check: bool = False,
 ) -> StoragePlan:
     """`requested` (auto, host, weights, checkpoint, none) resolved against the budget; a storage the
-    budget cannot hold falls back to the next one, and the reason says which and why."""
+    budget cannot hold falls back to the next one, and the reason says which and why. `update_check`:
+    one more copy of weights and state is wanted with `host` copies, where the budget holds it."""
     sizes = {
         "host": 2 * (weights_bytes + state_bytes),
         "weights": 2 * weights_bytes,
@@ -98,7 +109,17 @@ def choose_storage(
         reason = chosen + (": " + "; ".join(notes) if notes else "")
         if storage == "none":
             reason += "; bad batches are skipped, nothing can be restored"
-        return StoragePlan(storage, size, budget, reason)
+        check = update_check and storage == "host"
+        if check:
+            extra = weights_bytes + state_bytes
+            check = budget is None or size + extra <= budget
+            reason += (
+                f"; with the update check's copy ({extra / MIB:.1f} MiB; freed if over 0.2% of the step time)"
+                if check
+                else f"; no update check: its copy ({extra / MIB:.1f} MiB) exceeds the budget"
+            )
+            size += extra if check else 0
+        return StoragePlan(storage, size, budget, reason, check)
     raise AssertionError("`none` always fits")
 
 

@@ -18,6 +18,7 @@ optimizer step, in the code"):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -217,12 +218,15 @@ class HybridHFTrainer(Trainer):
             optimizer_state_bytes(self.optimizer, tensors),
             memory_budget(args.hybrid_guard_memory_mb),
             saves_checkpoints=self.args.save_strategy != "no" and not self.args.save_only_model,
+            update_check=args.hybrid_guard_max_update_ratio > 0,
         )
         if plan.storage == "none" and args.hybrid_spike_guard == "auto":
             logger.warning("hf_hybrid: spike guard off (hybrid_spike_guard=auto): %s", plan.reason)
             return None
         self.guard_plan = plan
         config = args.spike_guard_config(plan.storage)
+        if not plan.update_check:
+            config = dataclasses.replace(config, max_update_ratio=0.0)
         copies = (_CheckpointCopy(self), _CheckpointCopy(self)) if plan.storage == "checkpoint" else None
         return SpikeGuard(self.optimizer, config, suspect_loss=self._suspect_loss, copies=copies)
 

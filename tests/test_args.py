@@ -205,7 +205,8 @@ def test_every_hybrid_default_is_the_engine_default():
     assert {f.name for f in dataclasses.fields(HybridArgumentsMixin)} - mapped == {
         "hybrid_enabled", "hybrid_probe_batches", "hybrid_restart_engine", "hybrid_console_metrics",
         "hybrid_spike_guard", "hybrid_guard_every", "hybrid_guard_max_copy_share",
-        "hybrid_guard_max_update_ratio", "hybrid_guard_max_restores", "hybrid_guard_device", "hybrid_guard_storage", "hybrid_guard_memory_mb",
+        "hybrid_guard_max_update_ratio", "hybrid_guard_max_restores", "hybrid_guard_device",
+        "hybrid_guard_storage", "hybrid_guard_memory_mb",
     }  # fmt: skip
     engine_knobs = {f.name for f in dataclasses.fields(EngineConfig)} - {"schedule", "probe_cost"}
     schedule_knobs = {f.name for f in dataclasses.fields(PhaseSchedule)} - {"script"}

@@ -15,6 +15,23 @@ def test_host_copies_when_they_fit():
     assert "600.0 MiB of host memory (budget 1000 MiB)" in plan.line()
 
 
+def test_the_update_checks_copy_joins_host_copies_where_the_budget_holds_it():
+    both = choose_storage(
+        "auto", WEIGHTS, STATE, budget=1000 * MIB, saves_checkpoints=False, update_check=True
+    )
+    assert both.storage == "host" and both.update_check and both.copy_bytes == 900 * MIB
+    assert "with the update check's copy (300.0 MiB" in both.reason
+    tight = choose_storage(
+        "auto", WEIGHTS, STATE, budget=700 * MIB, saves_checkpoints=False, update_check=True
+    )
+    assert tight.storage == "host" and not tight.update_check and tight.copy_bytes == 600 * MIB
+    assert "no update check: its copy (300.0 MiB) exceeds the budget" in tight.reason
+    weights = choose_storage(
+        "auto", WEIGHTS, STATE, budget=300 * MIB, saves_checkpoints=False, update_check=True
+    )
+    assert weights.storage == "weights" and not weights.update_check
+
+
 def test_weights_only_then_checkpoint_then_none_as_the_budget_shrinks():
     weights = choose_storage("auto", WEIGHTS, STATE, budget=300 * MIB, saves_checkpoints=True)
     assert weights.storage == "weights" and weights.copy_bytes == 200 * MIB

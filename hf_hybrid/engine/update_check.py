@@ -43,6 +43,8 @@ class _Copy(Protocol):
 
     def swap(self, params: list[torch.Tensor]) -> bool: ...
 
+    def clear(self) -> None: ...
+
     def nbytes(self) -> int: ...
 
     def tensors(self) -> Any: ...
@@ -121,7 +123,9 @@ class UpdateCheck:
         return clock() - started
 
     def turn_off(self) -> None:
+        """No more checks; the copy's memory is freed."""
         self.on = self.taken = False
+        self.before.clear()
 
     @torch.no_grad()
     def _update_norm(self) -> float:

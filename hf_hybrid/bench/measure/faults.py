@@ -160,6 +160,9 @@ def run_faults(
                         "spike_guard_bytes": stats.get("spike_guard_bytes", 0),
                         "copy_every": stats.get("spike_guard_copy_every"),
                         "spike_guard_time_share": stats.get("timing", {}).get("parts", {}).get("spike_guard"),
+                        "update_check": stats.get("update_check", False),
+                        "taken_back_steps": stats.get("taken_back_steps", []),
+                        "largest_update_ratio": stats.get("largest_update_ratio"),
                     }
                 )  # fmt: skip
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -176,9 +179,9 @@ def fault_table(record: dict[str, Any]) -> str:
     arms = list(dict.fromkeys(r["arm"] for r in runs))
     faults = list(dict.fromkeys(r["fault"] for r in runs))
     lines = [
-        "| fault | arm | eval loss (mean, min–max over seeds) | − clean (mean) | restores | time / clean "
-        "| guard's time share | guard's copies |",
-        "|---|---|---|---|---|---|---|---|",
+        "| fault | arm | eval loss (mean, min–max over seeds) | − clean (mean) | restores "
+        "| updates taken back | time / clean | guard's time share | guard's copies |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for fault in faults:
         for arm in arms:
@@ -198,7 +201,8 @@ def fault_table(record: dict[str, Any]) -> str:
             copies = max(r.get("spike_guard_bytes", 0) for r in mine)
             lines.append(
                 f"| {fault} | `{arm}` | {statistics.fmean(losses):.4f} ({min(losses):.4f}–{max(losses):.4f}) "
-                f"| {delta:+.4f} | {sum(r['restores'] for r in mine)} | {time:.3f} | {share} "
+                f"| {delta:+.4f} | {sum(r['restores'] for r in mine)} "
+                f"| {sum(len(r.get('taken_back_steps', [])) for r in mine)} | {time:.3f} | {share} "
                 f"| {copies / 2**20:.1f} MiB |"
             )
     return "\n".join(lines)
