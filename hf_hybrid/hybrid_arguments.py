@@ -192,7 +192,16 @@ class HybridArgumentsMixin:
             "help": "An applied update over this many times the median of the recent ones that raised "
             "its own batch's loss is taken back (weights and optimizer state as before the step). It "
             "keeps one more copy of the trainable weights and their optimizer state, so it runs with "
-            "host copies only, where that copy costs at most 0.2% of the step time. 0: no check. >= 0."
+            "host copies only, where that copy costs at most hybrid_guard_max_check_share of the step "
+            "time. 0: no check. >= 0."
+        },
+    )
+    hybrid_guard_max_check_share: float = field(
+        default=_GUARD_DEFAULTS.max_check_share,
+        metadata={
+            "help": "The update check runs where its per-step copy and norm take at most this share of the "
+            "step time (timed with the first periodic copy; else it is turned off and its copy freed). 0: "
+            "whatever it costs. In [0, 1)."
         },
     )
     hybrid_guard_max_restores: int = field(
@@ -246,6 +255,7 @@ class HybridArgumentsMixin:
             every=self.hybrid_guard_every,
             max_copy_share=self.hybrid_guard_max_copy_share,
             max_update_ratio=self.hybrid_guard_max_update_ratio,
+            max_check_share=self.hybrid_guard_max_check_share,
             max_restores=self.hybrid_guard_max_restores,
             device=self.hybrid_guard_device,
             storage=storage,

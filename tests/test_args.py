@@ -48,6 +48,7 @@ BAD_VALUES = [
     ("hybrid_guard_every", 0, r"an integer in \[1, 1000000\]"),
     ("hybrid_guard_max_copy_share", 1.0, r"a number in \[0.0, 1.0\)"),
     ("hybrid_guard_max_update_ratio", -1.0, r"a number in \[0.0, "),
+    ("hybrid_guard_max_check_share", 1.0, r"a number in \[0.0, 1.0\)"),
     ("hybrid_guard_max_restores", -1, r"an integer in \[0, 1000000\]"),
     ("hybrid_guard_device", "gpu", r"one of \['cpu', 'same'\]"),
     ("hybrid_guard_storage", "disk", r"one of \['auto', 'host', 'weights', 'checkpoint', 'none'\]"),
@@ -205,7 +206,8 @@ def test_every_hybrid_default_is_the_engine_default():
     assert {f.name for f in dataclasses.fields(HybridArgumentsMixin)} - mapped == {
         "hybrid_enabled", "hybrid_probe_batches", "hybrid_restart_engine", "hybrid_console_metrics",
         "hybrid_spike_guard", "hybrid_guard_every", "hybrid_guard_max_copy_share",
-        "hybrid_guard_max_update_ratio", "hybrid_guard_max_restores", "hybrid_guard_device",
+        "hybrid_guard_max_update_ratio", "hybrid_guard_max_check_share", "hybrid_guard_max_restores",
+        "hybrid_guard_device",
         "hybrid_guard_storage", "hybrid_guard_memory_mb",
     }  # fmt: skip
     engine_knobs = {f.name for f in dataclasses.fields(EngineConfig)} - {"schedule", "probe_cost"}
