@@ -8,8 +8,8 @@ Two copies (the trusted one and the next) of what a restore puts back:
   saves checkpoints), weights and optimizer state, from disk;
 - `none`: no copy; bad batches are still skipped, nothing is restored.
 
-With `host` copies the update check (`engine/update_check.py`) keeps a third, taken before every step,
-when it fits the budget too.
+With `host` copies the update check (`engine/update_check.py`) keeps one more copy of the weights (no
+optimizer state), taken before every step, when it fits the budget too.
 
 `auto` takes the first of host, weights, checkpoint that fits the budget: by default a fifth of the host
 memory available when training starts (`hybrid_guard_memory_mb` sets it). The order and what each costs
@@ -86,7 +86,7 @@ def choose_storage(
 ) -> StoragePlan:
     """`requested` (auto, host, weights, checkpoint, none) resolved against the budget; a storage the
     budget cannot hold falls back to the next one, and the reason says which and why. `update_check`:
-    one more copy of weights and state is wanted with `host` copies, where the budget holds it."""
+    one more copy of the weights is wanted with `host` copies, where the budget holds it."""
     sizes = {
         "host": 2 * (weights_bytes + state_bytes),
         "weights": 2 * weights_bytes,
@@ -111,7 +111,7 @@ def choose_storage(
             reason += "; bad batches are skipped, nothing can be restored"
         check = update_check and storage == "host"
         if check:
-            extra = weights_bytes + state_bytes
+            extra = weights_bytes
             check = budget is None or size + extra <= budget
             reason += (
                 f"; with the update check's copy ({extra / MIB:.1f} MiB; freed if over 0.2% of the step time)"

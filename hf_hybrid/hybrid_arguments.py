@@ -190,10 +190,9 @@ class HybridArgumentsMixin:
         default=_GUARD_DEFAULTS.max_update_ratio,
         metadata={
             "help": "An applied update over this many times the median of the recent ones that raised "
-            "its own batch's loss is taken back (weights and optimizer state as before the step). It "
-            "keeps one more copy of the trainable weights and their optimizer state, so it runs with "
-            "host copies only, where that copy costs at most hybrid_guard_max_check_share of the step "
-            "time. 0: no check. >= 0."
+            "its own batch's loss is taken back (the weights as before the step). It keeps one more "
+            "copy of the trainable weights, taken every step, so it runs with host copies only, where "
+            "that copy costs at most hybrid_guard_max_check_share of the step time. 0: no check. >= 0."
         },
     )
     hybrid_guard_max_check_share: float = field(

@@ -19,13 +19,13 @@ def test_the_update_checks_copy_joins_host_copies_where_the_budget_holds_it():
     both = choose_storage(
         "auto", WEIGHTS, STATE, budget=1000 * MIB, saves_checkpoints=False, update_check=True
     )
-    assert both.storage == "host" and both.update_check and both.copy_bytes == 900 * MIB
-    assert "with the update check's copy (300.0 MiB" in both.reason
+    assert both.storage == "host" and both.update_check and both.copy_bytes == 700 * MIB
+    assert "with the update check's copy (100.0 MiB" in both.reason
     tight = choose_storage(
-        "auto", WEIGHTS, STATE, budget=700 * MIB, saves_checkpoints=False, update_check=True
+        "auto", WEIGHTS, STATE, budget=650 * MIB, saves_checkpoints=False, update_check=True
     )
     assert tight.storage == "host" and not tight.update_check and tight.copy_bytes == 600 * MIB
-    assert "no update check: its copy (300.0 MiB) exceeds the budget" in tight.reason
+    assert "no update check: its copy (100.0 MiB) exceeds the budget" in tight.reason
     weights = choose_storage(
         "auto", WEIGHTS, STATE, budget=300 * MIB, saves_checkpoints=False, update_check=True
     )

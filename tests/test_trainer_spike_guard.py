@@ -146,8 +146,8 @@ def test_a_clean_run_with_the_guard_is_the_plain_trainer(tmp_path, capsys):
     assert (
         stats["update_check"] and stats["updates_taken_back"] == 0 and 0 < stats["largest_update_ratio"] < 10
     )
-    # two copies of the weights and Adam's moments, and the update check's one
-    assert stats["spike_guard_bytes"] >= 3 * 3 * weights
+    # two copies of the weights and Adam's moments, and the update check's copy of the weights
+    assert stats["spike_guard_bytes"] >= 2 * 3 * weights + weights
     assert step_logs(plain, "loss") == step_logs(hybrid, "loss")
     assert _same_weights(plain.model, hybrid.model)
     started = [line for line in capsys.readouterr().out.splitlines() if "spike guard on" in line]
@@ -190,8 +190,8 @@ def test_a_skipped_step_changes_no_weight_and_no_optimizer_state(tmp_path, lora,
 @pytest.mark.parametrize("optim", ["adamw_torch", "adamw_bnb_8bit"])
 def test_an_outsized_update_is_taken_back_exactly(tmp_path, optim, caplog):
     """The burst's updates are hundreds of times the recent ones and raise their own batch's loss: each is
-    taken back, so after each burst step the weights and every optimizer-state tensor (the 8-bit
-    optimizer's quantised moments included) are those of before it; said as a skip, step by step."""
+    taken back, so after each burst step the weights are those of before it, bit for bit (the optimizer,
+    the 8-bit one included, keeps what it learnt from the gradient); said as a skip, step by step."""
     if optim == "adamw_bnb_8bit":
         pytest.importorskip("bitsandbytes")
     trainer = hybrid_trainer(tmp_path, max_steps=60, optim=optim, **GUARD)
@@ -202,8 +202,10 @@ def test_an_outsized_update_is_taken_back_exactly(tmp_path, optim, caplog):
     assert stats["taken_back_steps"] == [51, 52, 53] == _actions(trainer, "skip") == stats["skip_steps"]
     assert stats["restores"] == 0
     for step in (51, 52, 53):
-        assert _equal(snapshots.at[step - 1], snapshots.at[step]), f"step {step} was not taken back exactly"
-        assert snapshots.at[step]["schedule"] == snapshots.at[step - 1]["schedule"] + 1
+        before, after = snapshots.at[step - 1], snapshots.at[step]
+        assert all(torch.equal(a, b) for a, b in zip(before["weights"], after["weights"], strict=True)), step
+        assert not _equal(before, after)  # the optimizer state moved on
+        assert after["schedule"] == before["schedule"] + 1
     assert not _equal(snapshots.at[54], snapshots.at[53])  # the next step trains
     warned = [
         r.message for r in caplog.records if r.levelno == logging.WARNING and "outsized update" in r.message

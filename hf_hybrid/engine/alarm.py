@@ -31,7 +31,7 @@ class Alarm:
     `restorable`: a loss spike the spike guard can undo by restoring its last trusted copy;
     `skips_step`: the step's update must not be applied (a non-finite gradient, or a spike blamed on the
     batch); `takes_back`: that update was applied before it was judged (the spike guard's update check),
-    so skipping it puts back the state of before the step; `spike`: raised by the spike guard (its skips
+    so skipping it puts back the weights of before the step; `spike`: raised by the spike guard (its skips
     are counted as the guard's)."""
 
     level: DivergenceLevel

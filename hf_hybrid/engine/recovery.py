@@ -16,7 +16,9 @@ cannot disagree with what happened.
                                     non-finite gradient, a spike blamed on the batch); FORCE_FULL otherwise.
 ROLLBACK restores the phase's snapshot and also forces FULL steps; RESTORE puts back the spike guard's
 trusted copy of the weights and optimizer state (the batches since are skipped) and forces FULL steps;
-SKIP leaves the weights and the optimizer state as they were before the step and forces FULL steps;
+SKIP leaves the weights and the optimizer state as they were before the step and forces FULL steps
+(a SKIP of an update already applied, which the spike guard's update check judged, puts the weights
+back; the optimizer keeps what it learnt from the step's gradient);
 FORCE_FULL ends an open phase as failed (without touching the weights) and trains FULL for the
 schedule's `full_steps`. Whether a real step's update is applied at all is `applies_update`, read off
 the same alarms before the optimizer runs: every action above that skips an update is decided here.
@@ -98,6 +100,8 @@ def describe(
         else f"{full} before the next predict phase",
         RecoveryAction.SHORTEN_HORIZON: "halved the predict horizon",
     }[action]
+    if action is RecoveryAction.SKIP and any(a.takes_back for a in alarms):
+        done = f"took the applied update back (weights as before the step), then {full}"
     skipped = not applies_update(alarms)
     if skipped and action is not RecoveryAction.SKIP:
         done = "skipped the optimizer step; " + done

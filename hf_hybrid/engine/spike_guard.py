@@ -410,12 +410,11 @@ class SpikeGuard:
         self.capped_at: int | None = None  # the step of the last refusal, logged once per window
         self.update_check = UpdateCheck(
             self.params,
-            optimizer,
-            HostCopy(self.config.device),
             max_ratio=self.config.max_update_ratio if self.config.storage == "host" else 0.0,
             history=self.config.history,
             min_history=self.config.min_history,
             suspect_loss=suspect_loss,
+            device=self.config.device,
         )
         self.taken_back_steps: list[int] = []
 
@@ -515,7 +514,8 @@ class SpikeGuard:
         return [Alarm(DivergenceLevel.CRITICAL, why, spike=True, skips_step=True, takes_back=True)]
 
     def take_back(self, step: int) -> None:
-        """The recovery rule skips the step whose update was already applied: put back the state before it."""
+        """The recovery rule skips the step whose update was already applied: put back the weights of
+        before it (the optimizer keeps what it learnt from the step's gradient)."""
         self.update_check.take_back()
         self.taken_back_steps.append(step)
 
@@ -695,7 +695,7 @@ class SpikeGuard:
         logger.info(
             "hf_hybrid: the spike guard's update check (a copy of %.2f MiB every step) takes %.2f%% of the "
             "step time: %s",
-            self.update_check.before.nbytes() / 2**20,
+            self.update_check.nbytes() / 2**20,
             100 * share,
             "on" if keep else f"off, over max_check_share {self.config.max_check_share:g}",
         )
@@ -704,10 +704,10 @@ class SpikeGuard:
 
     def tensors(self) -> list[torch.Tensor]:
         """The copies' buffers (both kept: the trusted one and the next, pending or reused)."""
-        return [*self.trusted.tensors(), *self.pending.tensors(), *self.update_check.before.tensors()]
+        return [*self.trusted.tensors(), *self.pending.tensors(), *self.update_check.copy]
 
     def nbytes(self) -> int:
-        return self.trusted.nbytes() + self.pending.nbytes() + self.update_check.before.nbytes()
+        return self.trusted.nbytes() + self.pending.nbytes() + self.update_check.nbytes()
 
     def buffer_count(self) -> int:
         """How many buffers the copies hold (changes when a copy is first taken)."""

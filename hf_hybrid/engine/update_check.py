@@ -15,8 +15,12 @@ weights before it (the same dropout draws for both), and only an update that rai
 taken back. An update that the optimizer computed from this very batch and that still made it worse has
 overshot. One that lowered it is left, and its size joins the recent ones: the schedule's new normal.
 
-It keeps one copy of what training changes (the trainable weights and their optimizer state), taken
-before every guarded step; the spike guard runs it only where that copy is cheap (`SpikeGuard`).
+It keeps one copy of the trainable weights, taken before every guarded step, and measures the update on
+a fixed sample of their coordinates, the same share of every tensor (an outsized step moves them all);
+the spike guard runs it only where that costs little (`SpikeGuard`). Taking an update back puts the
+weights back bit for bit; the optimizer keeps what it learnt from the step's gradient (Adam's moments and
+step count move on, as for a step whose update was clipped to nothing): a copy of the optimizer state
+every step would cost three times as much with Adam.
 """
 
 from __future__ import annotations
@@ -25,65 +29,57 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from .sharding import is_sharded, local
 
-
-class _Copy(Protocol):
-    """What the check keeps the state before the step in (a `spike_guard.HostCopy`)."""
-
-    params: list[torch.Tensor]
-
-    def take(self, step: int, params: list[torch.Tensor], optimizer: Any) -> None: ...
-
-    def restore(self, params: list[torch.Tensor], optimizer: Any) -> None: ...
-
-    def swap(self, params: list[torch.Tensor]) -> bool: ...
-
-    def clear(self) -> None: ...
-
-    def nbytes(self) -> int: ...
-
-    def tensors(self) -> Any: ...
+SAMPLE = 16384  # coordinates the update's norm is measured on (the same share of every tensor)
 
 
 class UpdateCheck:
     """Judges each guarded step's applied update against the recent ones (see the module docstring).
 
     `max_ratio` 0 turns it off. `suspect_loss()`: this step's batch's loss at the live weights, measured
-    again without a gradient and with the random state it had before (None: it cannot be). Every rank
+    again without a gradient and with the random state it had before (None: it cannot be). `device`:
+    where the copy lives ("cpu": host memory, pinned under CUDA; "same": the weights' device). Every rank
     holds the same weights (sharded parameters turn the check off: their norms differ by rank)."""
 
     def __init__(
         self,
         params: list[torch.Tensor],
-        optimizer: Any,
-        before: _Copy,
         *,
         max_ratio: float,
         history: int,
         min_history: int,
         suspect_loss: Callable[[], float | None] | None,
+        device: str = "cpu",
     ) -> None:
         self.params = params
-        self.optimizer = optimizer
-        self.before = before
         self.max_ratio = max_ratio
         self.min_history = min_history
         self.suspect_loss = suspect_loss
+        self.device = device
         self.norms: deque[float] = deque(maxlen=history)
         self.on = bool(params) and max_ratio > 0 and not any(is_sharded(p) for p in params)
         self.largest_ratio = 0.0  # how close a left update came to the limit (reported, not judged)
-        self.taken = False  # the copy holds this step's state before its update
+        self.taken = False  # the copy holds the weights of before this step's update
+        self.copy: list[torch.Tensor] = []
+        self._flat_copy: torch.Tensor | None = None
+        self._contiguous = True
+        self._live: list[torch.Tensor] = []
+        self._samples: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
 
+    @torch.no_grad()
     def take(self, step: int) -> None:
-        """Before the optimizer runs: keep the state it is about to change."""
+        """Before the optimizer runs: keep the weights it is about to change."""
         self.taken = self.on
-        if self.on:
-            self.before.take(step, self.params, self.optimizer)
+        if not self.on:
+            return
+        if not self.copy:
+            self._allocate()
+        torch._foreach_copy_(self.copy, self._live, non_blocking=self.copy[0].is_pinned())
 
     def judge(self, can_take_back: bool = True) -> str | None:
         """After the optimizer ran: why its update must be taken back (None: it stays, and its size joins
@@ -105,9 +101,10 @@ class UpdateCheck:
             self.largest_ratio = max(self.largest_ratio, ratio if math.isfinite(ratio) else 0.0)
         return None
 
+    @torch.no_grad()
     def take_back(self) -> None:
-        """Put back the weights and optimizer state of before the step."""
-        self.before.restore(self.params, self.optimizer)
+        """Put back the weights of before the step."""
+        torch._foreach_copy_(self._live, self.copy)
         self.taken = False
 
     def cost_seconds(self, clock: Callable[[], float]) -> float:
@@ -116,7 +113,7 @@ class UpdateCheck:
         if cuda:
             torch.cuda.synchronize()
         started = clock()
-        self.before.take(0, self.params, self.optimizer)
+        self.take(0)
         self._update_norm()
         if cuda:
             torch.cuda.synchronize()
@@ -125,14 +122,54 @@ class UpdateCheck:
     def turn_off(self) -> None:
         """No more checks; the copy's memory is freed."""
         self.on = self.taken = False
-        self.before.clear()
+        self.copy, self._live, self._samples, self._flat_copy = [], [], ([], []), None
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.copy)
+
+    def _allocate(self) -> None:
+        """The copy's buffers (views of one flat buffer where the weights share a dtype and a device), and
+        the strided samples of the weights and of the copy that the norm reads."""
+        self._live = [local(p).detach() for p in self.params]
+        pin = self.device == "cpu" and any(t.device.type == "cuda" for t in self._live)
+        devices = {torch.device("cpu") if self.device == "cpu" else t.device for t in self._live}
+        dtypes = {t.dtype for t in self._live}
+        if len(devices) == 1 and len(dtypes) == 1:
+            sizes = [t.numel() for t in self._live]
+            flat = torch.empty(sum(sizes), dtype=dtypes.pop(), device=devices.pop(), pin_memory=pin)
+            self.copy = [v.view(t.shape) for v, t in zip(flat.split(sizes), self._live, strict=True)]
+        else:
+            flat = None
+            self.copy = [
+                torch.empty_like(t, device="cpu" if self.device == "cpu" else t.device, pin_memory=pin)
+                for t in self._live
+            ]
+        self._samples = self._sample(self._live, self.copy)
+        self._contiguous = all(t.is_contiguous() for t in self._live)  # else sampled afresh each step
+        self._flat_copy = flat if sum(t.numel() for t in self._live) <= SAMPLE else None
+
+    @staticmethod
+    def _sample(
+        live: list[torch.Tensor], copy: list[torch.Tensor]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The same share of every tensor, a contiguous run at its start (a strided sample would still read
+        every cache line), about `SAMPLE` coordinates in all."""
+        total = sum(t.numel() for t in live)
+        share = min(1.0, SAMPLE / max(total, 1))
+        counts = [max(1, math.ceil(t.numel() * share)) for t in live]
+        return (
+            [t.reshape(-1)[:n] for t, n in zip(live, counts, strict=True)],
+            [c.view(-1)[:n] for c, n in zip(copy, counts, strict=True)],
+        )
 
     @torch.no_grad()
     def _update_norm(self) -> float:
-        now = [local(p).detach() for p in self.params]
-        held = [h.to(n.device, non_blocking=True) for h, n in zip(self.before.params, now, strict=True)]
-        deltas = torch._foreach_sub(now, held)
-        return float(torch.stack([d.float() for d in torch._foreach_norm(deltas)]).norm())
+        """The norm of the update on the sample: two concatenations and a norm, whatever the number of
+        tensors (per-tensor calls cost a small model more than the arithmetic)."""
+        now, held = self._samples if self._contiguous else self._sample(self._live, self.copy)
+        now_flat = torch.cat([n.float() for n in now])
+        held_flat = self._flat_copy if self._flat_copy is not None else torch.cat([h.float() for h in held])
+        return float(torch.linalg.vector_norm(now_flat - held_flat.to(now_flat.device, now_flat.dtype)))
 
     def _ratio(self, norm: float) -> float:
         if len(self.norms) < self.min_history:
@@ -140,17 +177,20 @@ class UpdateCheck:
         median = statistics.median(self.norms)
         return norm / median if median > 0 else 0.0
 
+    @torch.no_grad()
     def _paired_losses(self) -> tuple[float, float] | None:
         """The step's batch's loss at the weights after the step and before it, or None."""
         if self.suspect_loss is None:
             return None
         after = self.suspect_loss()
-        if after is None or not self.before.swap(self.params):
+        if after is None:
             return None
+        updated = [t.clone() for t in self._live]
+        torch._foreach_copy_(self._live, self.copy)
         try:
             before = self.suspect_loss()
         finally:
-            self.before.swap(self.params)
+            torch._foreach_copy_(self._live, updated)
         if before is None or not (math.isfinite(after) and math.isfinite(before)):
             return None
         return after, before
@@ -160,5 +200,6 @@ class UpdateCheck:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.norms = deque((float(v) for v in state["norms"]), maxlen=self.norms.maxlen)
-        self.on = bool(state["on"]) and self.on
+        if not state["on"]:
+            self.turn_off()
         self.largest_ratio = float(state.get("largest_ratio", 0.0))

@@ -126,24 +126,28 @@ def test_a_clean_run_is_the_plain_loop_bit_for_bit() -> None:
     assert all(
         torch.equal(a, b) for a, b in zip(plain.model.parameters(), guarded.model.parameters(), strict=True)
     )
+    assert stats["update_check"] and stats["updates_taken_back"] == 0
+    assert 0 < stats["largest_update_ratio"] < 10
     # two copies of the weights and Adam's two moments (and the step counters), and the update check's
-    assert (
-        stats["update_check"] and 0 < stats["largest_update_ratio"] < 10 and stats["updates_taken_back"] == 0
-    )
+    # copy of the weights
     weights = sum(p.numel() * 4 for p in plain.model.parameters())
-    assert 3 * weights <= stats["spike_guard_bytes"] // 3 <= 3 * weights + 64
+    assert 6 * weights + weights <= stats["spike_guard_bytes"] <= 6 * weights + weights + 128
 
 
 def test_an_lr_burst_is_taken_back_step_by_step() -> None:
-    """Each burst step's update is 100x the recent ones and raises its own batch's loss: the weights and
-    optimizer state of before it are put back, so the run is the clean one without those 3 batches."""
+    """Each burst step's update is 100x the recent ones and raises its own batch's loss: the weights of
+    before it are put back bit for bit (Adam's moments keep the step's gradient), so the run ends where
+    the clean one does."""
     clean = Loop(None).run(range(1, STEPS + 1))
     faulted = Loop(None).run(range(1, STEPS + 1), burst=range(80, 83))
     loop = Loop(SpikeGuardConfig(every=10)).run(range(1, STEPS + 1), burst=range(80, 83), keep=True)
     stats = loop.engine.stats()
     assert loop.steps_with(RecoveryAction.SKIP) == [80, 81, 82] == stats["taken_back_steps"]
     assert stats["skip_steps"] == [80, 81, 82] and stats["restores"] == 0 and stats["skipped_updates"] == 3
-    assert all(_same(loop.before[s], loop.after[s]) for s in (80, 81, 82))
+    for step in (80, 81, 82):
+        weights, state = loop.after[step]
+        assert all(torch.equal(p, q) for p, q in zip(weights, loop.before[step][0], strict=True))
+        assert state["state"][0]["step"] == loop.before[step][1]["state"][0]["step"] + 1  # moments moved on
     assert not _same(loop.before[83], loop.after[83])
     damage = faulted.eval() - clean.eval()
     assert damage > 0.1
