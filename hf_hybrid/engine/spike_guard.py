@@ -407,6 +407,7 @@ class SpikeGuard:
         self.quiet_steps = 0  # steps in a row since the last firing while suspect
         self.blames = {DATA: 0, WEIGHTS: 0}
         self.fired = False  # whether the detector fired at the step `alarms` judged last
+        self.fired_at: int | None = None  # the last step it fired at
         self.capped_at: int | None = None  # the step of the last refusal, logged once per window
         self.update_check = UpdateCheck(
             self.params,
@@ -444,6 +445,9 @@ class SpikeGuard:
         sudden = None if lasting else self.detector.sudden(loss, grad_norm, self._after_spike)
         why = lasting or sudden
         self.fired = why is not None
+        in_a_row = self.fired_at == step - 1
+        if self.fired:
+            self.fired_at = step
         if why is None:
             self._quiet(step)
             return []
@@ -451,8 +455,10 @@ class SpikeGuard:
         # blamed already: this step counts against the weights
         culprit = WEIGHTS if self.suspect_since is not None else self.blame(loss, sudden is not None)
         self.blames[culprit] += 1
-        if culprit == DATA:  # a lasting shift of hard batches: the weights are fine, nothing to skip
-            if sudden and can_skip and self.skips_in_a_row < MAX_SKIPS:
+        # the data's fault: a sudden spike's batch is skipped, and so is a lasting shift's from its second
+        # firing step in a row (a run of bad batches; one hard batch is left alone, as clean runs have them)
+        if culprit == DATA:
+            if (sudden or in_a_row) and can_skip and self.skips_in_a_row < MAX_SKIPS:
                 return [_spike_alarm(f"{why}; the batch is to blame", blames_weights=False, skips_step=True)]
             return []
         self.suspect_hits += 1
@@ -750,6 +756,7 @@ class SpikeGuard:
             "restored_since_update": self.restored_since_update,
             "skipped_steps": self.skipped_steps,
             "suspicion": [self.suspect_since, self.suspect_hits, self.quiet_steps, self.suspect_level],
+            "fired_at": self.fired_at,
             "blames": dict(self.blames),
             "copy_every": self.copy_every,
             "update_check": self.update_check.state_dict(),
@@ -768,6 +775,8 @@ class SpikeGuard:
         since, hits, quiet, level = state.get("suspicion", [None, 0, 0, 0.0])
         self.suspect_since = None if since is None else int(since)
         self.suspect_hits, self.quiet_steps, self.suspect_level = int(hits), int(quiet), float(level)
+        fired_at = state.get("fired_at")
+        self.fired_at = None if fired_at is None else int(fired_at)
         self.blames = {DATA: 0, WEIGHTS: 0, **{k: int(v) for k, v in state.get("blames", {}).items()}}
         saved_every = state.get("copy_every", self.config.every)  # before the spacing: every `every`
         self.copy_every = None if saved_every is None else int(saved_every)

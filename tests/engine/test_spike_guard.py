@@ -191,6 +191,27 @@ def test_a_bad_batch_is_blamed_skipped_and_changes_nothing() -> None:
     assert not _same(loop.before[62], loop.after[62])  # the next, clean step is applied
 
 
+@pytest.mark.parametrize(("hard", "skipped"), [(range(81, 84), []), (range(81, 87), [84])])
+def test_a_run_of_hard_batches_is_skipped_from_its_second_firing_step(hard: range, skipped: list) -> None:
+    """Batches with noisy targets (the loss up ~5x, a lasting shift but no sudden spike), as hard at the
+    trusted weights: the data is blamed. The shift's first firing step is left alone (clean runs have
+    single hard batches); the next one in a row is skipped as a run of bad batches. Nothing is restored."""
+    loop = Loop(SpikeGuardConfig(every=10)).run(range(1, 81))
+    clean_targets = loop.y.clone()
+    loop.y = clean_targets + 0.6 * torch.randn(
+        clean_targets.shape, generator=torch.Generator().manual_seed(1)
+    )
+    loop.run(hard, keep=True)
+    loop.y = clean_targets
+    loop.run(range(hard.stop, 100))
+    stats = loop.engine.stats()
+    assert stats["skip_steps"] == skipped == loop.steps_with(RecoveryAction.SKIP)
+    assert (
+        stats["blamed_data"] >= 1 + len(skipped) and stats["blamed_weights"] == 0 and stats["restores"] == 0
+    )
+    assert all(_same(loop.before[s], loop.after[s]) for s in skipped)
+
+
 def test_a_restore_puts_back_the_trusted_copy_exactly() -> None:
     """Weights and every optimizer-state tensor equal the state after the trusted copy's step."""
     loop = Loop(SpikeGuardConfig(every=10)).run(range(1, 81), keep=True)
