@@ -66,7 +66,7 @@ class UpdateCheck:
         self.largest_ratio = 0.0  # how close a left update came to the limit (reported, not judged)
         self.taken = False  # the copy holds the weights of before this step's update
         self.copy: list[torch.Tensor] = []
-        self._flat_copy: torch.Tensor | None = None
+        self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None  # the samples, concatenated
         self._contiguous = True
         self._live: list[torch.Tensor] = []
         self._samples: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
@@ -122,31 +122,21 @@ class UpdateCheck:
     def turn_off(self) -> None:
         """No more checks; the copy's memory is freed."""
         self.on = self.taken = False
-        self.copy, self._live, self._samples, self._flat_copy = [], [], ([], []), None
+        self.copy, self._live, self._samples, self._scratch = [], [], ([], []), None
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.copy)
 
     def _allocate(self) -> None:
-        """The copy's buffers (views of one flat buffer where the weights share a dtype and a device), and
-        the strided samples of the weights and of the copy that the norm reads."""
+        """The copy's buffers, and the samples of the weights and of the copy that the norm reads."""
         self._live = [local(p).detach() for p in self.params]
         pin = self.device == "cpu" and any(t.device.type == "cuda" for t in self._live)
-        devices = {torch.device("cpu") if self.device == "cpu" else t.device for t in self._live}
-        dtypes = {t.dtype for t in self._live}
-        if len(devices) == 1 and len(dtypes) == 1:
-            sizes = [t.numel() for t in self._live]
-            flat = torch.empty(sum(sizes), dtype=dtypes.pop(), device=devices.pop(), pin_memory=pin)
-            self.copy = [v.view(t.shape) for v, t in zip(flat.split(sizes), self._live, strict=True)]
-        else:
-            flat = None
-            self.copy = [
-                torch.empty_like(t, device="cpu" if self.device == "cpu" else t.device, pin_memory=pin)
-                for t in self._live
-            ]
+        self.copy = [
+            torch.empty_like(t, device="cpu" if self.device == "cpu" else t.device, pin_memory=pin)
+            for t in self._live
+        ]
         self._samples = self._sample(self._live, self.copy)
         self._contiguous = all(t.is_contiguous() for t in self._live)  # else sampled afresh each step
-        self._flat_copy = flat if sum(t.numel() for t in self._live) <= SAMPLE else None
 
     @staticmethod
     def _sample(
@@ -164,12 +154,23 @@ class UpdateCheck:
 
     @torch.no_grad()
     def _update_norm(self) -> float:
-        """The norm of the update on the sample: two concatenations and a norm, whatever the number of
-        tensors (per-tensor calls cost a small model more than the arithmetic)."""
+        """The norm of the update on the sample: two concatenations into buffers kept for it, a
+        subtraction and a norm, whatever the number of tensors (per-tensor calls would cost a small model
+        more than the arithmetic)."""
         now, held = self._samples if self._contiguous else self._sample(self._live, self.copy)
-        now_flat = torch.cat([n.float() for n in now])
-        held_flat = self._flat_copy if self._flat_copy is not None else torch.cat([h.float() for h in held])
-        return float(torch.linalg.vector_norm(now_flat - held_flat.to(now_flat.device, now_flat.dtype)))
+        if self._scratch is None or self._scratch[0].numel() != sum(n.numel() for n in now):
+            dtype = (
+                now[0].dtype if len({n.dtype for n in now} | {h.dtype for h in held}) == 1 else torch.float32
+            )
+            self._scratch = (
+                torch.empty(sum(n.numel() for n in now), dtype=dtype, device=now[0].device),
+                torch.empty(sum(h.numel() for h in held), dtype=dtype, device=held[0].device),
+            )
+        after, before = self._scratch
+        torch.cat([n.to(after.dtype) for n in now] if now[0].dtype != after.dtype else now, out=after)
+        torch.cat([h.to(before.dtype) for h in held] if held[0].dtype != before.dtype else held, out=before)
+        after.sub_(before.to(after.device, non_blocking=True))
+        return float(torch.linalg.vector_norm(after, dtype=torch.float32))
 
     def _ratio(self, norm: float) -> float:
         if len(self.norms) < self.min_history:
