@@ -218,6 +218,14 @@ def _tool_flags(bench: argparse.ArgumentParser) -> None:
         "with its spike guard on) clean and with each fault injected at mid-run (default: lr_burst garbage "
         "shuffled_labels), seeds 0 1 2 unless --seeds, at the task's learning rate unless --learning_rate",
     )
+    faults.add_argument(
+        "--fault_eval_points",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --faults: evaluate N times per run (default 1, at the end) and also read each fault where "
+        "the clean plain run's eval loss is lowest (for a task that overfits by the end)",
+    )
 
 
 def bench_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -425,6 +433,7 @@ def _faults(args: argparse.Namespace, own: bool) -> int:
                 seeds=tuple(args.seeds or (0, 1, 2)),
                 learning_rate=args.learning_rate,
                 out=f"{args.out or 'bench_results/faults'}/{task.name}",
+                eval_points=args.fault_eval_points,
             )
         except ValueError as exc:
             raise DataError(str(exc)) from None

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from hf_hybrid.bench.measure.faults import FaultWindow, corrupt, fault_table, fault_window
+from hf_hybrid.bench.measure.faults import FaultWindow, best_point_table, corrupt, fault_table, fault_window
 from hf_hybrid.cli import main
 
 
@@ -57,3 +57,37 @@ def test_the_fault_window_is_mid_run_and_the_corruptions_change_what_they_say():
     assert not torch.equal(garbage["input_ids"], ids) and torch.equal(garbage["labels"], garbage["input_ids"])
     with pytest.raises(ValueError, match="unknown fault"):
         fault_window("meteor", 10)
+
+
+def test_a_fault_is_also_read_where_the_clean_plain_run_is_best():
+    """A task that overfits: the clean plain run is best at step 150, so every fault is read there too
+    (by hand: the faulted plain run is 0.05 above its clean run at 150, the guarded one 0.01)."""
+
+    def run(arm: str, fault: str, curve: list[list[float]]) -> dict:
+        return {"arm": arm, "fault": fault, "seed": 0, "curve": curve}
+
+    record = {
+        "runs": [
+            run("plain", "clean", [[100, 1.10], [150, 1.00], [200, 1.04]]),
+            run("plain", "lr_burst", [[100, 1.30], [150, 1.05], [200, 1.02]]),
+            run("guard", "clean", [[100, 1.10], [150, 1.00], [200, 1.04]]),
+            run("guard", "lr_burst", [[100, 1.12], [150, 1.01], [200, 1.045]]),
+        ]
+    }
+    rows = best_point_table(record).splitlines()[2:]
+    assert rows == [
+        "| lr_burst | `plain` | 0 | 150 | 1.0500 | +0.0500 |",
+        "| lr_burst | `guard` | 0 | 150 | 1.0100 | +0.0100 |",
+    ]
+
+
+def test_fault_eval_points_are_checked_before_any_run(tmp_path, capsys):
+    argv = ["bench", "--faults", "garbage", "--suite", "tiny", "--seeds", "0", "--out", str(tmp_path)]
+    assert main([*argv, "--fault_eval_points", "0"]) == 2
+    assert "--fault_eval_points must be an integer >= 1, not 0" in capsys.readouterr().err
+    (tmp_path / "clm_stdlib").mkdir()
+    (tmp_path / "clm_stdlib" / "faults.json").write_text(
+        json.dumps({"task": {}, "runs": [], "eval_points": 1})
+    )
+    assert main([*argv, "--fault_eval_points", "4"]) == 2
+    assert "was made with eval_points 1, not 4" in capsys.readouterr().err

@@ -9,6 +9,10 @@ Three faults, injected at the middle of training into any method's run:
 
 Each arm (`plain`, the guarded hybrid trainer, ...) runs clean and faulted on every seed, in one process,
 one after the other; the record keeps the final eval loss, the training time and the engine's memory.
+With `eval_points` > 1 it keeps every evaluation too, and the table also reads each fault where the clean
+plain run's eval loss is lowest: on a task that overfits by the end a fault that wastes steps lowers the
+final eval loss of every arm, so only the best point says what the fault cost (a user of such a task
+keeps that point: `load_best_model_at_end`).
 """
 
 from __future__ import annotations
@@ -130,13 +134,20 @@ def run_faults(
     learning_rate: float | None = None,
     out: str | Path = "bench_results/faults",
     echo: Callable[[str], None] = print,
+    eval_points: int = 1,
 ) -> Path:
-    """Every arm clean and under every fault, on every seed; `faults.json` (resumable) and `faults.md`."""
+    """Every arm clean and under every fault, on every seed; `faults.json` (resumable) and `faults.md`.
+    A record made with other `eval_points` is refused (evaluation moves the random state: its runs are
+    not comparable)."""
     for fault in faults:
         fault_window(fault, task.max_steps)
+    if not isinstance(eval_points, int) or eval_points < 1:
+        raise ValueError(f"--fault_eval_points must be an integer >= 1, not {eval_points!r}")
     methods = {spec: parse_method(spec) for spec in arms}
     path = Path(out) / "faults.json"
     record = json.loads(path.read_text()) if path.is_file() else {"task": task.describe(), "runs": []}
+    if record.setdefault("eval_points", eval_points) != eval_points:
+        raise ValueError(f"{path} was made with eval_points {record['eval_points']}, not {eval_points}")
     done = {(r["arm"], r["fault"], r["seed"]) for r in record["runs"]}
     lr = learning_rate or task.learning_rate
     for seed in seeds:
@@ -146,7 +157,7 @@ def run_faults(
                     continue
                 runner = method if fault == CLEAN else Faulted(method, fault)
                 result = run_trial(
-                    task, runner, learning_rate=lr, seed=seed, steps=task.max_steps, eval_points=1
+                    task, runner, learning_rate=lr, seed=seed, steps=task.max_steps, eval_points=eval_points
                 )
                 stats = result.stats
                 record["runs"].append(
@@ -163,14 +174,43 @@ def run_faults(
                         "update_check": stats.get("update_check", False),
                         "taken_back_steps": stats.get("taken_back_steps", []),
                         "largest_update_ratio": stats.get("largest_update_ratio"),
+                        "curve": [[point["step"], point["eval_loss"]] for point in result.curve],
                     }
                 )  # fmt: skip
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps(record, indent=1) + "\n")
                 echo(f"{task.name} seed {seed} {fault:<16} {spec:<30} eval loss {result.eval_loss:.4f}")
-    (Path(out) / "faults.md").write_text(fault_table(record) + "\n")
-    echo(fault_table(record))
+    tables = fault_table(record) + ("\n\n" + best_point_table(record) if eval_points > 1 else "")
+    (Path(out) / "faults.md").write_text(tables + "\n")
+    echo(tables)
     return path
+
+
+def best_point_table(record: dict[str, Any]) -> str:
+    """Per fault and arm, per seed: the eval loss at the step where the clean plain run's is lowest, minus
+    the same arm's clean run there (the fault's cost to a user who keeps the best point)."""
+    curves = {
+        (r["arm"], r["fault"], r["seed"]): dict(map(tuple, r["curve"]))
+        for r in record["runs"]
+        if r.get("curve")
+    }
+    best = {
+        seed: min(curve, key=curve.__getitem__)
+        for (arm, fault, seed), curve in curves.items()
+        if (arm, fault) == ("plain", CLEAN)
+    }
+    lines = [
+        "| fault | arm | seed | read at step (clean plain's best) | eval loss there | − clean there |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (arm, fault, seed), curve in curves.items():
+        clean = curves.get((arm, CLEAN, seed), {})
+        step = best.get(seed)
+        if fault == CLEAN or step not in curve or step not in clean:
+            continue
+        loss = curve[step]
+        lines.append(f"| {fault} | `{arm}` | {seed} | {step} | {loss:.4f} | {loss - clean[step]:+.4f} |")
+    return "\n".join(lines)
 
 
 def fault_table(record: dict[str, Any]) -> str:
