@@ -173,8 +173,8 @@ def update_check_fires(trace: dict[str, Any]) -> tuple[list[int], float] | None:
         return None
     config = SpikeGuardConfig()
     check = UpdateCheck(
-        [], None, None, max_ratio=config.max_update_ratio, history=config.history,
-        min_history=config.min_history, suspect_loss=None,
+        [], max_ratio=config.max_update_ratio, history=config.history, min_history=config.min_history,
+        suspect_loss=None,
     )  # fmt: skip
     fired: list[int] = []
     largest = 0.0
