@@ -50,12 +50,15 @@ def run_summary(stats: Mapping[str, Any]) -> str:
         f"{stats['rollbacks']} rollback{'s' if stats['rollbacks'] != 1 else ''}",
     ]
     if stats.get("spike_guard"):
-        restores, skips = stats["restores"], stats["skips"]
+        restores, taken_back = stats["restores"], stats.get("taken_back_steps", [])
+        batches = [step for step in stats["skip_steps"] if step not in taken_back]
         parts.append(
             f"spike guard: {restores} restore{'s' if restores != 1 else ''}"
             + (f" at step {', '.join(map(str, stats['restore_steps']))}" if restores else "")
-            + f", {skips} bad batch{'es' if skips != 1 else ''} skipped"
-            + (f" at step {', '.join(map(str, stats['skip_steps']))}" if skips else "")
+            + f", {len(batches)} bad batch{'es' if len(batches) != 1 else ''} skipped"
+            + (f" at step {', '.join(map(str, batches))}" if batches else "")
+            + f", {len(taken_back)} outsized update{'s' if len(taken_back) != 1 else ''} taken back"
+            + (f" at step {', '.join(map(str, taken_back))}" if taken_back else "")
             + f" ({stats['spike_skipped_steps']} batches skipped in all; copies in "
             + f"{stats['spike_guard_storage']}, {_bytes(stats['spike_guard_bytes'])})"
         )

@@ -211,6 +211,12 @@ def test_an_outsized_update_is_taken_back_exactly(tmp_path, optim, caplog):
         r.message for r in caplog.records if r.levelno == logging.WARNING and "outsized update" in r.message
     ]
     assert len(warned) == 3 and all(": skip: " in m for m in warned), warned
+    final = [e for e in trainer.state.log_history if "hybrid/updates_taken_back" in e][-1]
+    assert final["hybrid/updates_taken_back"] == 3
+    summary = run_summary(stats)
+    assert "0 bad batches skipped, 3 outsized updates taken back at step 51, 52, 53" in summary, summary
+    context = card_context(stats, trainer.engine.metrics(), trainer.hybrid_args.hybrid_dict(), [])
+    assert "| spike guard: outsized updates taken back | 3 (at step 51, 52, 53) |" in render_section(context)
 
 
 @pytest.mark.parametrize("optim", ["adamw_torch", "adamw_bnb_8bit"])

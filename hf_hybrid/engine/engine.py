@@ -51,6 +51,7 @@ LOGGED_STATS = (
     "rollbacks",
     "restores",
     "skips",
+    "updates_taken_back",
     "skipped_updates",
     "predictor_bytes",
     "engine_bytes",
