@@ -148,8 +148,10 @@ class HybridArgumentsMixin:
             "help": "Judge every real step's loss before its update is applied. A spike is blamed first: "
             "its batch is measured again at the guard's trusted copy of the weights; bad data (as bad there) "
             "is skipped, damaged weights that do not come back by themselves within a few steps are "
-            "restored from the trusted copy (weights and optimizer state; the batches since skipped). Every "
-            "skip and restore is a warning, a hybrid/* metric, a timeline mark and a summary line. auto: "
+            "restored from the trusted copy (weights and optimizer state; the batches since skipped); an "
+            "applied update many times the recent ones that raised its own batch's loss is taken back "
+            "(hybrid_guard_max_update_ratio). Every skip, take-back and restore is a warning, a hybrid/* "
+            "metric, a timeline mark and a summary line. auto: "
             "on whenever its copies fit (hybrid_guard_storage), off otherwise; on: always (with no copy "
             "that fits it only skips bad batches); off (the default until it is shown to leave every clean "
             "run of the arena's tasks alone: benchmarks/README.md).",
