@@ -148,10 +148,8 @@ class HybridArgumentsMixin:
             "help": "Judge every real step's loss before its update is applied. A spike is blamed first: "
             "its batch is measured again at the guard's trusted copy of the weights; bad data (as bad there) "
             "is skipped, damaged weights that do not come back by themselves within a few steps are "
-            "restored from the trusted copy (weights and optimizer state; the batches since skipped); an "
-            "applied update many times the recent ones that raised its own batch's loss is taken back "
-            "(hybrid_guard_max_update_ratio). Every skip, take-back and restore is a warning, a hybrid/* "
-            "metric, a timeline mark and a summary line. auto: "
+            "restored from the trusted copy (weights and optimizer state; the batches since skipped). Every "
+            "skip and restore is a warning, a hybrid/* metric, a timeline mark and a summary line. auto: "
             "on whenever its copies fit (hybrid_guard_storage), off otherwise; on: always (with no copy "
             "that fits it only skips bad batches); off (the default until it is shown to leave every clean "
             "run of the arena's tasks alone: benchmarks/README.md).",
@@ -182,28 +180,19 @@ class HybridArgumentsMixin:
     hybrid_guard_max_copy_share: float = field(
         default=_GUARD_DEFAULTS.max_copy_share,
         metadata={
-            "help": "The spike guard's copies take at most this share of the step time: the first copy is "
-            "timed and, where one every hybrid_guard_every steps costs more, they are spaced x2, x4 ... x16 "
-            "further apart (a restore then goes back further). 0: every hybrid_guard_every steps, whatever "
-            "they cost. In [0, 1)."
+            "help": "The spike guard's copies' largest share of the step time: over it they are spaced x2 "
+            "... x16 further apart (0: every hybrid_guard_every steps). In [0, 1)."
         },
     )
     hybrid_guard_max_update_ratio: float = field(
         default=_GUARD_DEFAULTS.max_update_ratio,
         metadata={
-            "help": "An applied update over this many times the median of the recent ones that raised "
-            "its own batch's loss is taken back (the weights as before the step). It keeps one more "
-            "copy of the trainable weights, taken every step, so it runs with host copies only, where "
-            "that copy costs at most hybrid_guard_max_check_share of the step time. 0: no check. >= 0."
+            "help": "Take back an update over this many times the recent ones that raised its loss (0: off)."
         },
     )
     hybrid_guard_max_check_share: float = field(
         default=_GUARD_DEFAULTS.max_check_share,
-        metadata={
-            "help": "The update check runs where its per-step copy and norm take at most this share of the "
-            "step time (timed with the first periodic copy; else it is turned off and its copy freed). 0: "
-            "whatever it costs. In [0, 1)."
-        },
+        metadata={"help": "The update check's largest share of the step time (0: any)."},
     )
     hybrid_guard_max_restores: int = field(
         default=_GUARD_DEFAULTS.max_restores,
