@@ -118,27 +118,13 @@ class HostCopy:
         self.step: int | None = None
         self.params: list[torch.Tensor] = []
         self.state: list[dict[str, Any]] = []
-        self._layout: list[Any] = []  # which live tensors the buffers were made for
-        self._buffers: list[torch.Tensor] = []
-        self._pinned = False
 
-    @torch.no_grad()
     def take(self, step: int, params: list[torch.Tensor], optimizer: Any) -> None:
-        """Copy into the buffers of the last copy, all tensors in one call while the live tensors are the
-        ones copied last time (the update check takes a copy every step: per-tensor work would cost a
-        small model more than the copying itself)."""
         self.step = step
-        states = [optimizer.state.get(p, {}) for p in params] if not self.weights_only else []
-        live = [local(p) for p in params] + [
-            local(v) for state in states for v in state.values() if torch.is_tensor(v)
-        ]
-        layout = [(id(t), t.shape, t.dtype, t.device) for t in live] + [list(state) for state in states]
-        if layout == self._layout:  # the same tensors (updated in place): the buffers fit
-            torch._foreach_copy_(self._buffers, live, non_blocking=self._pinned)
-            for saved, state in zip(self.state, states, strict=True):
-                saved.update({k: _plain(v) for k, v in state.items() if not torch.is_tensor(v)})
-            return
         self.params = [_copy_into(old, p, self.device) for old, p in _pad(self.params, params)]
+        if self.weights_only:
+            return
+        states = [optimizer.state.get(p, {}) for p in params]
         self.state = [
             {
                 k: _copy_into(old.get(k), v, self.device) if torch.is_tensor(v) else _plain(v)
@@ -146,12 +132,9 @@ class HostCopy:
             }
             for old, state in ((o or {}, s) for o, s in _pad(self.state, states))
         ]
-        self._layout, self._buffers = layout, list(self.tensors())
-        self._pinned = bool(self._buffers) and self._buffers[0].is_pinned()
 
     def clear(self) -> None:
         self.step, self.params, self.state = None, [], []
-        self._layout, self._buffers = [], []
 
     def available(self) -> str | None:
         return None if self.step is not None else "no copy"

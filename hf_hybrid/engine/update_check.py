@@ -1,6 +1,6 @@
 """The update check: an applied update many times the size of the recent ones that made the very batch
-it was computed on worse has overshot, and is taken back (the weights and the optimizer state of before
-the step are put back, as if the step had been skipped).
+it was computed on worse has overshot, and is taken back (the weights of before the step are put back,
+as if its update had been clipped to nothing).
 
 Why the spike guard needs it: a few outsized updates can damage the weights by less than the batch noise
 of the loss. On `decoder_lora` an lr x30 burst raised the step loss by 6%, 1.5 noise units of one step,
@@ -66,7 +66,8 @@ class UpdateCheck:
         self.largest_ratio = 0.0  # how close a left update came to the limit (reported, not judged)
         self.taken = False  # the copy holds the weights of before this step's update
         self.copy: list[torch.Tensor] = []
-        self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None  # the samples, concatenated
+        self._scratch: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0), torch.empty(0))  # the samples
+        self._mixed = False
         self._contiguous = True
         self._live: list[torch.Tensor] = []
         self._samples: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
@@ -122,7 +123,8 @@ class UpdateCheck:
     def turn_off(self) -> None:
         """No more checks; the copy's memory is freed."""
         self.on = self.taken = False
-        self.copy, self._live, self._samples, self._scratch = [], [], ([], []), None
+        self.copy, self._live, self._samples = [], [], ([], [])
+        self._scratch = (torch.empty(0), torch.empty(0))
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.copy)
@@ -137,6 +139,15 @@ class UpdateCheck:
         ]
         self._samples = self._sample(self._live, self.copy)
         self._contiguous = all(t.is_contiguous() for t in self._live)  # else sampled afresh each step
+        now, held = self._samples
+        dtypes = {t.dtype for t in now + held}
+        self._mixed = len(dtypes) > 1  # then each sample is cast to fp32 before it is concatenated
+        dtype = torch.float32 if self._mixed else dtypes.pop()
+        size = sum(t.numel() for t in now)
+        self._scratch = (
+            torch.empty(size, dtype=dtype, device=now[0].device),
+            torch.empty(size, dtype=dtype, device=held[0].device),
+        )
 
     @staticmethod
     def _sample(
@@ -158,17 +169,9 @@ class UpdateCheck:
         subtraction and a norm, whatever the number of tensors (per-tensor calls would cost a small model
         more than the arithmetic)."""
         now, held = self._samples if self._contiguous else self._sample(self._live, self.copy)
-        if self._scratch is None or self._scratch[0].numel() != sum(n.numel() for n in now):
-            dtype = (
-                now[0].dtype if len({n.dtype for n in now} | {h.dtype for h in held}) == 1 else torch.float32
-            )
-            self._scratch = (
-                torch.empty(sum(n.numel() for n in now), dtype=dtype, device=now[0].device),
-                torch.empty(sum(h.numel() for h in held), dtype=dtype, device=held[0].device),
-            )
         after, before = self._scratch
-        torch.cat([n.to(after.dtype) for n in now] if now[0].dtype != after.dtype else now, out=after)
-        torch.cat([h.to(before.dtype) for h in held] if held[0].dtype != before.dtype else held, out=before)
+        torch.cat([n.float() for n in now] if self._mixed else now, out=after)
+        torch.cat([h.float() for h in held] if self._mixed else held, out=before)
         after.sub_(before.to(after.device, non_blocking=True))
         return float(torch.linalg.vector_norm(after, dtype=torch.float32))
 
