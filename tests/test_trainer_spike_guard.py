@@ -168,23 +168,25 @@ def test_copies_are_spaced_by_what_they_cost(tmp_path, caplog):
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_a_skipped_step_changes_no_weight_and_no_optimizer_state(tmp_path, lora, caplog):
-    """Random tokens in steps 51-52: the batch is blamed (as bad at the trusted weights), the update
-    never applied: weights and every optimizer-state tensor bit-identical to before the step, the
-    learning-rate schedule one step on (it follows the step count, as in every phase)."""
+    """Random tokens in steps 51-52: each batch is blamed (as bad at the trusted weights). The first is
+    under twice the level on this barely trained model, so it is left alone as a hard batch would be;
+    the second in a row is a run of bad batches, its update never applied: weights and every
+    optimizer-state tensor bit-identical to before the step, the learning-rate schedule one step on (it
+    follows the step count, as in every phase)."""
     model = _lora_on_a_trained_base(tmp_path) if lora else None
     trainer = hybrid_trainer(tmp_path / "run", model=model, max_steps=60, **GUARD)
     snapshots = _watched(trainer, GARBAGE)
     with caplog.at_level(logging.WARNING, logger="hf_hybrid"):
         trainer.train()
     stats = trainer.hybrid_stats()
-    assert _actions(trainer, "skip") == [51, 52] == stats["skip_steps"]
+    assert _actions(trainer, "skip") == [52] == stats["skip_steps"]
     assert stats["blamed_data"] == 2 and stats["restores"] == 0
-    for step in (51, 52):
-        before, after = snapshots.at[step - 1], snapshots.at[step]
-        assert _equal(before, after), f"step {step} was skipped but changed the weights or optimizer state"
-        assert after["schedule"] == before["schedule"] + 1
+    assert not _equal(snapshots.at[51], snapshots.at[50])  # the first bad batch: left alone
+    before, after = snapshots.at[51], snapshots.at[52]
+    assert _equal(before, after), "step 52 was skipped but changed the weights or optimizer state"
+    assert after["schedule"] == before["schedule"] + 1
     assert not _equal(snapshots.at[53], snapshots.at[52])  # the next, clean step trains
-    assert sum(": skip: " in r.message for r in caplog.records if r.levelno == logging.WARNING) == 2
+    assert sum(": skip: " in r.message for r in caplog.records if r.levelno == logging.WARNING) == 1
 
 
 @pytest.mark.parametrize("optim", ["adamw_torch", "adamw_bnb_8bit"])
@@ -267,13 +269,13 @@ def test_every_action_is_loud(tmp_path, caplog):
     and the model card; restores counted once. (A taken-back update is a skip: the test above.)"""
     trainer = hybrid_trainer(tmp_path, max_steps=80, **GUARD, **LOSS_ONLY)
     _faulted(trainer, BURST)
-    inject(trainer, FaultWindow("garbage", 70, 1), seed=0)
+    inject(trainer, FaultWindow("garbage", 70, 2), seed=0)  # the second of two is skipped
     with caplog.at_level(logging.WARNING, logger="hf_hybrid"):
         trainer.train()
     stats = trainer.hybrid_stats()
     assert stats["restores"] == 1 and stats["skips"] >= 1
     assert _actions(trainer, "restore") == stats["restore_steps"]
-    assert _actions(trainer, "skip") == stats["skip_steps"] and 71 in stats["skip_steps"]
+    assert _actions(trainer, "skip") == stats["skip_steps"] and 72 in stats["skip_steps"]
     warned = [r.message for r in caplog.records if r.levelno == logging.WARNING]
     assert (
         sum(": restore: " in m for m in warned) == 1
@@ -310,7 +312,7 @@ def test_the_tested_path_is_the_shipped_path(tmp_path, monkeypatch):
         args = {**GUARD, **check, "save_strategy": "steps", "save_steps": 40}
         trainer = hybrid_trainer(tmp_path / acted, max_steps=80, **args)
         _faulted(trainer, BURST)
-        inject(trainer, FaultWindow("garbage", 70, 1), seed=0)
+        inject(trainer, FaultWindow("garbage", 70, 2), seed=0)  # the second of two is skipped
         trainer.train()
         assert trainer.hybrid_stats()[acted] >= 1 and trainer.hybrid_stats()["skips"] >= 1
     assert set(public) - accessors <= called, sorted(set(public) - accessors - called)

@@ -15,16 +15,23 @@ weights before it (the same dropout draws for both), and only an update that rai
 taken back. An update that the optimizer computed from this very batch and that still made it worse has
 overshot. One that lowered it is left, and its size joins the recent ones: the schedule's new normal.
 
-It keeps one copy of the trainable weights, taken before every guarded step, and measures the update on
-a fixed sample of their coordinates, the same share of every tensor (an outsized step moves them all);
-the spike guard runs it only where that costs little (`SpikeGuard`). Taking an update back puts the
-weights back bit for bit; the optimizer keeps what it learnt from the step's gradient (Adam's moments and
-step count move on, as for a step whose update was clipped to nothing): a copy of the optimizer state
-every step would cost three times as much with Adam.
+What it costs per step is a sample of the weights' coordinates (the same share of every tensor, an
+outsized step moves them all), kept before the step and subtracted after it. The whole weights are
+copied before a step only where it shows a sign that its update may be outsized: a learning rate over
+`LR_JUMP` times that of the last update kept, or a gradient norm over `GRAD_JUMP` times the recent median.
+With Adam nothing else can make an update ten times the recent ones: a gradient spike of any size moves
+its update by at most about (1 - beta1) / sqrt(1 - beta2), 3.2x with the defaults, so the gradient's sign
+is for plain SGD. An optimizer without a learning rate in its groups has its weights copied every step.
+Copying every step cost up to 0.3% of a full fine-tune's step on CPU, over the share the guard allows
+it, so the check had turned itself off on exactly the runs with the most to lose, and on a loaded
+machine on others. Taking an update back puts the weights back bit for bit; the optimizer keeps what it
+learnt from the step's gradient (Adam's moments and step count move on, as for a step whose update was
+clipped to nothing): a copy of the optimizer state would cost three times as much with Adam.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from collections import deque
@@ -35,7 +42,11 @@ import torch
 
 from .sharding import is_sharded, local
 
+logger = logging.getLogger(__name__)
+
 SAMPLE = 16384  # coordinates the update's norm is measured on (the same share of every tensor)
+LR_JUMP = 2.0  # a learning rate this many times the last kept update's: the weights are copied first
+GRAD_JUMP = 3.0  # a gradient norm this many times the recent median: the weights are copied first
 
 
 class UpdateCheck:
@@ -62,25 +73,38 @@ class UpdateCheck:
         self.suspect_loss = suspect_loss
         self.device = device
         self.norms: deque[float] = deque(maxlen=history)
+        self.grad_norms: deque[float] = deque(maxlen=history)  # of the updates kept
+        self.kept_lrs: list[float | None] = []  # the learning rates of the last update kept
         self.on = bool(params) and max_ratio > 0 and not any(is_sharded(p) for p in params)
         self.largest_ratio = 0.0  # how close a left update came to the limit (reported, not judged)
-        self.taken = False  # the copy holds the weights of before this step's update
+        self.copies = 0  # steps whose weights were copied (a sign of an outsized update before them)
+        self.unjudged = 0  # outsized updates left because nothing before them gave a sign (no copy)
+        self.taken = False  # the sample holds the coordinates of before this step's update
+        self.copied = False  # the copy holds the weights of before this step's update
         self.copy: list[torch.Tensor] = []
-        self._scratch: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0), torch.empty(0))  # the samples
+        self._scratch: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0), torch.empty(0))  # after, before
         self._mixed = False
         self._contiguous = True
         self._live: list[torch.Tensor] = []
-        self._samples: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+        self._samples: list[torch.Tensor] = []
+        self._step: tuple[list[float | None], float | None] = ([], None)  # this step's lrs and grad norm
 
     @torch.no_grad()
-    def take(self, step: int) -> None:
-        """Before the optimizer runs: keep the weights it is about to change."""
+    def take(self, step: int, lrs: list[float | None] | None = None, grad_norm: float | None = None) -> None:
+        """Before the optimizer runs: keep the sample of the weights it is about to change, and the whole
+        weights when `lrs` (each group's) or `grad_norm` show a sign that the update may be outsized."""
         self.taken = self.on
+        self.copied = False
         if not self.on:
             return
         if not self.copy:
             self._allocate()
-        torch._foreach_copy_(self.copy, self._live, non_blocking=self.copy[0].is_pinned())
+        self._step = (list(lrs or []), grad_norm)
+        self._keep_sample()
+        if self._may_overshoot():
+            torch._foreach_copy_(self.copy, self._live, non_blocking=self.copy[0].is_pinned())
+            self.copied = True
+            self.copies += 1
 
     def judge(self, can_take_back: bool = True) -> str | None:
         """After the optimizer ran: why its update must be taken back (None: it stays, and its size joins
@@ -90,31 +114,45 @@ class UpdateCheck:
         norm = self._update_norm()
         ratio = self._ratio(norm)
         if ratio > self.max_ratio and can_take_back:
-            measured = self._paired_losses()
-            if measured is not None and measured[0] > measured[1]:
-                after, before = measured
-                return (
-                    f"the update is {ratio:.0f}x the median of the recent ones and raised its own batch's "
-                    f"loss from {before:.4g} to {after:.4g}"
+            if not self.copied:
+                self.unjudged += 1
+                logger.info(
+                    "hf_hybrid: an update %.0fx the median of the recent ones stays unjudged: neither its "
+                    "learning rate nor its gradient norm gave a sign of it, so its weights were not copied",
+                    ratio,
                 )
+            else:
+                measured = self._paired_losses()
+                if measured is not None and measured[0] > measured[1]:
+                    after, before = measured
+                    return (
+                        f"the update is {ratio:.0f}x the median of the recent ones and raised its own "
+                        f"batch's loss from {before:.4g} to {after:.4g}"
+                    )
         if math.isfinite(norm):
             self.norms.append(norm)
             self.largest_ratio = max(self.largest_ratio, ratio if math.isfinite(ratio) else 0.0)
+        lrs, grad_norm = self._step
+        self.kept_lrs = lrs
+        if grad_norm is not None and math.isfinite(grad_norm):
+            self.grad_norms.append(grad_norm)
         return None
 
     @torch.no_grad()
     def take_back(self) -> None:
-        """Put back the weights of before the step."""
+        """Put back the weights of before the step (only a copied step is ever judged outsized)."""
         torch._foreach_copy_(self._live, self.copy)
-        self.taken = False
+        self.taken = self.copied = False
 
     def cost_seconds(self, clock: Callable[[], float]) -> float:
-        """What the check adds to a step (its copy and the update's norm), timed once."""
+        """What the check adds to an ordinary step (its sample and the update's norm), timed once."""
+        if not self.copy:
+            self._allocate()
         cuda = any(p.device.type == "cuda" for p in self.params)
         if cuda:
             torch.cuda.synchronize()
         started = clock()
-        self.take(0)
+        self._keep_sample()
         self._update_norm()
         if cuda:
             torch.cuda.synchronize()
@@ -122,57 +160,75 @@ class UpdateCheck:
 
     def turn_off(self) -> None:
         """No more checks; the copy's memory is freed."""
-        self.on = self.taken = False
-        self.copy, self._live, self._samples = [], [], ([], [])
+        self.on = self.taken = self.copied = False
+        self.copy, self._live, self._samples = [], [], []
         self._scratch = (torch.empty(0), torch.empty(0))
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.copy)
 
+    def _may_overshoot(self) -> bool:
+        """This step shows a sign that its update may be outsized (see the module docstring): its weights
+        are worth copying. Never before the check can judge (too few updates seen)."""
+        if len(self.norms) < self.min_history:
+            return False
+        lrs, grad_norm = self._step
+        if not lrs or not self.kept_lrs or any(lr is None for lr in lrs):
+            return True  # no learning rate to read: copied every step
+        if any(k is None or now > LR_JUMP * k for now, k in zip(lrs, self.kept_lrs, strict=False)):
+            return True
+        return (
+            grad_norm is not None
+            and len(self.grad_norms) >= self.min_history
+            and grad_norm > GRAD_JUMP * statistics.median(self.grad_norms)
+        )
+
     def _allocate(self) -> None:
-        """The copy's buffers, and the samples of the weights and of the copy that the norm reads."""
+        """The copy's buffers (allocated at once, as the storage plan counted them: no surprise later),
+        the sample's views of the weights, and the buffers the norm reads."""
         self._live = [local(p).detach() for p in self.params]
         pin = self.device == "cpu" and any(t.device.type == "cuda" for t in self._live)
         self.copy = [
             torch.empty_like(t, device="cpu" if self.device == "cpu" else t.device, pin_memory=pin)
             for t in self._live
         ]
-        self._samples = self._sample(self._live, self.copy)
+        self._samples = self._sample(self._live)
         self._contiguous = all(t.is_contiguous() for t in self._live)  # else sampled afresh each step
-        now, held = self._samples
-        dtypes = {t.dtype for t in now + held}
+        dtypes = {t.dtype for t in self._samples}
         self._mixed = len(dtypes) > 1  # then each sample is cast to fp32 before it is concatenated
         dtype = torch.float32 if self._mixed else dtypes.pop()
-        size = sum(t.numel() for t in now)
+        size = sum(t.numel() for t in self._samples)
+        device = self._samples[0].device
         self._scratch = (
-            torch.empty(size, dtype=dtype, device=now[0].device),
-            torch.empty(size, dtype=dtype, device=held[0].device),
+            torch.empty(size, dtype=dtype, device=device),
+            torch.empty(size, dtype=dtype, device=device),
         )
 
     @staticmethod
-    def _sample(
-        live: list[torch.Tensor], copy: list[torch.Tensor]
-    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    def _sample(live: list[torch.Tensor]) -> list[torch.Tensor]:
         """The same share of every tensor, a contiguous run at its start (a strided sample would still read
         every cache line), about `SAMPLE` coordinates in all."""
         total = sum(t.numel() for t in live)
         share = min(1.0, SAMPLE / max(total, 1))
         counts = [max(1, math.ceil(t.numel() * share)) for t in live]
-        return (
-            [t.reshape(-1)[:n] for t, n in zip(live, counts, strict=True)],
-            [c.view(-1)[:n] for c, n in zip(copy, counts, strict=True)],
-        )
+        return [t.reshape(-1)[:n] for t, n in zip(live, counts, strict=True)]
+
+    def _concat(self, out: torch.Tensor) -> None:
+        """The sample's coordinates as they are now, into `out`: one concatenation, whatever the number
+        of tensors (per-tensor calls would cost a small model more than the arithmetic)."""
+        now = self._samples if self._contiguous else self._sample(self._live)
+        torch.cat([n.float() for n in now] if self._mixed else now, out=out)
+
+    @torch.no_grad()
+    def _keep_sample(self) -> None:
+        self._concat(self._scratch[1])
 
     @torch.no_grad()
     def _update_norm(self) -> float:
-        """The norm of the update on the sample: two concatenations into buffers kept for it, a
-        subtraction and a norm, whatever the number of tensors (per-tensor calls would cost a small model
-        more than the arithmetic)."""
-        now, held = self._samples if self._contiguous else self._sample(self._live, self.copy)
+        """The norm of the update on the sample."""
         after, before = self._scratch
-        torch.cat([n.float() for n in now] if self._mixed else now, out=after)
-        torch.cat([h.float() for h in held] if self._mixed else held, out=before)
-        after.sub_(before.to(after.device, non_blocking=True))
+        self._concat(after)
+        after.sub_(before)
         return float(torch.linalg.vector_norm(after, dtype=torch.float32))
 
     def _ratio(self, norm: float) -> float:
@@ -200,10 +256,22 @@ class UpdateCheck:
         return after, before
 
     def state_dict(self) -> dict[str, Any]:
-        return {"norms": list(self.norms), "on": self.on, "largest_ratio": self.largest_ratio}
+        return {
+            "norms": list(self.norms),
+            "grad_norms": list(self.grad_norms),
+            "kept_lrs": list(self.kept_lrs),
+            "on": self.on,
+            "largest_ratio": self.largest_ratio,
+            "copies": self.copies,
+            "unjudged": self.unjudged,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.norms = deque((float(v) for v in state["norms"]), maxlen=self.norms.maxlen)
+        self.grad_norms = deque((float(v) for v in state.get("grad_norms", [])), maxlen=self.norms.maxlen)
+        self.kept_lrs = [None if v is None else float(v) for v in state.get("kept_lrs", [])]
         if not state["on"]:
             self.turn_off()
         self.largest_ratio = float(state.get("largest_ratio", 0.0))
+        self.copies = int(state.get("copies", 0))
+        self.unjudged = int(state.get("unjudged", 0))

@@ -128,6 +128,7 @@ def test_a_clean_run_is_the_plain_loop_bit_for_bit() -> None:
     )
     assert stats["update_check"] and stats["updates_taken_back"] == 0
     assert 0 < stats["largest_update_ratio"] < 10
+    assert stats["update_check_copies"] == 0  # no step gave a sign: the weights were never copied
     # two copies of the weights and Adam's two moments (and the step counters), and the update check's
     # copy of the weights
     weights = sum(p.numel() * 4 for p in plain.model.parameters())
@@ -144,6 +145,7 @@ def test_an_lr_burst_is_taken_back_step_by_step() -> None:
     stats = loop.engine.stats()
     assert loop.steps_with(RecoveryAction.SKIP) == [80, 81, 82] == stats["taken_back_steps"]
     assert stats["skip_steps"] == [80, 81, 82] and stats["restores"] == 0 and stats["skipped_updates"] == 3
+    assert stats["update_check_copies"] == 3  # each burst step's lr is 100x that of the last kept update
     for step in (80, 81, 82):
         weights, state = loop.after[step]
         assert all(torch.equal(p, q) for p, q in zip(weights, loop.before[step][0], strict=True))
@@ -161,6 +163,8 @@ def test_an_outsized_update_that_lowers_its_batch_loss_stays() -> None:
     guarded = Loop(SpikeGuardConfig(every=10)).run(range(1, 61), base_lr=1e-4).run(range(61, STEPS + 1))
     stats = guarded.engine.stats()
     assert stats["largest_update_ratio"] > 10 and stats["updates_taken_back"] == 0  # judged, and left
+    # the jump's first step is copied and judged; from then on its rate is the kept one's: no sign
+    assert stats["update_check_copies"] == 1 and stats["unjudged_updates"] > 0
     assert all(
         torch.equal(a, b) for a, b in zip(plain.model.parameters(), guarded.model.parameters(), strict=True)
     )

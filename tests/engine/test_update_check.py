@@ -1,0 +1,96 @@
+"""`UpdateCheck` alone: the weights are copied only before a step that shows a sign of an outsized update
+(its learning rate or gradient norm jumps), an outsized update after such a sign is judged by its own
+batch's loss, and one without a sign stays unjudged (the loss's path is left to catch it)."""
+
+from __future__ import annotations
+
+import torch
+
+from hf_hybrid.engine.update_check import GRAD_JUMP, LR_JUMP, UpdateCheck
+
+HISTORY = 20
+
+
+def _check(raised: bool = True) -> tuple[UpdateCheck, torch.Tensor, list[float]]:
+    """A check on one 1000-coordinate tensor whose 'batch loss' is its distance from zero, so a step away
+    from zero raises it when `raised`; `losses` records each measurement."""
+    weights = torch.zeros(1000)
+    losses: list[float] = []
+
+    def suspect_loss() -> float:
+        loss = float(weights.norm()) if raised else -float(weights.norm())
+        losses.append(loss)
+        return loss
+
+    check = UpdateCheck([weights], max_ratio=10.0, history=50, min_history=HISTORY, suspect_loss=suspect_loss)
+    return check, weights, losses
+
+
+def _step(check: UpdateCheck, weights: torch.Tensor, size: float, lr: float, grad_norm: float) -> str | None:
+    check.take(0, [lr], grad_norm)
+    weights.add_(size / weights.numel() ** 0.5)  # an update of norm `size`
+    return check.judge()
+
+
+def _steady(check: UpdateCheck, weights: torch.Tensor) -> None:
+    for _ in range(HISTORY + 5):
+        assert _step(check, weights, 1.0, lr=1e-3, grad_norm=1.0) is None
+    assert check.copies == 0 and check.largest_ratio < 1.01
+
+
+def test_an_lr_jump_is_copied_judged_and_taken_back() -> None:
+    check, weights, losses = _check()
+    _steady(check, weights)
+    before = weights.clone()
+    why = _step(check, weights, 100.0, lr=1e-3 * LR_JUMP * 15, grad_norm=1.0)
+    assert why is not None and "100x" in why and check.copies == 1
+    assert losses[0] > losses[1]  # after the step, then before it
+    check.take_back()
+    assert torch.equal(weights, before)
+    # the next burst step is measured against the last kept update's rate: copied again
+    assert _step(check, weights, 100.0, lr=1e-3 * LR_JUMP * 15, grad_norm=1.0) is not None
+    assert check.copies == 2
+
+
+def test_a_gradient_norm_jump_is_a_sign_too() -> None:
+    """Plain SGD: a gradient many times the recent ones makes the update as many times larger."""
+    check, weights, _ = _check()
+    _steady(check, weights)
+    assert _step(check, weights, 100.0, lr=1e-3, grad_norm=GRAD_JUMP * 30) is not None
+    assert check.copies == 1 and check.unjudged == 0
+
+
+def test_an_outsized_update_without_a_sign_stays_unjudged() -> None:
+    check, weights, losses = _check()
+    _steady(check, weights)
+    assert _step(check, weights, 100.0, lr=1e-3, grad_norm=1.0) is None
+    assert check.copies == 0 and check.unjudged == 1 and losses == []  # nothing measured: no copy to compare
+
+
+def test_an_outsized_update_that_lowers_its_batch_loss_stays() -> None:
+    check, weights, losses = _check(raised=False)
+    _steady(check, weights)
+    assert _step(check, weights, 100.0, lr=1e-3 * LR_JUMP * 15, grad_norm=1.0) is None
+    assert check.copies == 1 and len(losses) == 2 and check.kept_lrs == [1e-3 * LR_JUMP * 15]
+    # its rate is now the kept one: the next steps at it give no sign
+    _step(check, weights, 100.0, lr=1e-3 * LR_JUMP * 15, grad_norm=1.0)
+    assert check.copies == 1
+
+
+def test_an_optimizer_without_a_learning_rate_is_copied_every_step() -> None:
+    check, weights, _ = _check()
+    for _ in range(HISTORY + 3):
+        check.take(0, [None], None)
+        weights.add_(0.01)
+        check.judge()
+    assert check.copies == 3  # every step the check can judge
+
+
+def test_the_state_keeps_what_the_signs_are_read_against() -> None:
+    check, weights, _ = _check()
+    _steady(check, weights)
+    resumed, _, _ = _check()
+    resumed.load_state_dict(check.state_dict())
+    assert resumed.kept_lrs == check.kept_lrs and list(resumed.grad_norms) == list(check.grad_norms)
+    resumed.take(0, [1e-3], 1.0)
+    assert resumed.copies == 0  # an ordinary step after a resume gives no sign
