@@ -174,6 +174,8 @@ def run_faults(
                         "update_check": stats.get("update_check", False),
                         "taken_back_steps": stats.get("taken_back_steps", []),
                         "largest_update_ratio": stats.get("largest_update_ratio"),
+                        "update_check_copies": stats.get("update_check_copies"),
+                        "unjudged_updates": stats.get("unjudged_updates"),
                         "curve": [[point["step"], point["eval_loss"]] for point in result.curve],
                     }
                 )  # fmt: skip
