@@ -9,7 +9,8 @@ Two copies (the trusted one and the next) of what a restore puts back:
 - `none`: no copy; bad batches are still skipped, nothing is restored.
 
 With `host` copies the update check (`engine/update_check.py`) keeps one more copy of the weights (no
-optimizer state), taken before every step, when it fits the budget too.
+optimizer state), filled before a step whose learning rate or gradient norm jumps, when it fits the
+budget too.
 
 `auto` takes the first of host, weights, checkpoint that fits the budget: by default a fifth of the host
 memory available when training starts (`hybrid_guard_memory_mb` sets it). The order and what each costs
@@ -114,7 +115,7 @@ def choose_storage(
             extra = weights_bytes
             check = budget is None or size + extra <= budget
             reason += (
-                f"; with the update check's copy ({extra / MIB:.1f} MiB; freed if over 0.2% of the step time)"
+                f"; with the update check's copy ({extra / MIB:.1f} MiB, filled before a step whose lr jumps)"
                 if check
                 else f"; no update check: its copy ({extra / MIB:.1f} MiB) exceeds the budget"
             )

@@ -136,9 +136,10 @@ class SpikeGuardConfig:
 
     `max_update_ratio`: an applied update over this many times the median of the recent ones that raised
     its own batch's loss is taken back (`update_check.py`; 0: no such check). It keeps one more copy of
-    the trainable weights, taken every step, so it runs only with `host` storage and where that copy
-    and the update's norm cost at most `max_check_share` of the step time (timed with the first
-    periodic copy; 0: whatever it costs)."""
+    the trainable weights, filled before a step whose learning rate or gradient norm jumps, so it runs
+    only with `host` storage; every step it reads a sample of the weights, and it runs where that and
+    the update's norm cost at most `max_check_share` of the step time (timed with the first periodic
+    copy; 0: whatever it costs)."""
 
     enabled: bool = True
     every: int = 10

@@ -144,19 +144,24 @@ class UpdateCheck:
         torch._foreach_copy_(self._live, self.copy)
         self.taken = self.copied = False
 
-    def cost_seconds(self, clock: Callable[[], float]) -> float:
-        """What the check adds to an ordinary step (its sample and the update's norm), timed once."""
+    def cost_seconds(self, clock: Callable[[], float], repeats: int = 5) -> float:
+        """What the check adds to an ordinary step (its sample and the update's norm): the fastest of
+        `repeats` timings, as one timing on a loaded machine can catch a pause that is not the check's
+        (the check turned itself off so on a 2-core machine running three jobs)."""
         if not self.copy:
             self._allocate()
         cuda = any(p.device.type == "cuda" for p in self.params)
-        if cuda:
-            torch.cuda.synchronize()
-        started = clock()
-        self._keep_sample()
-        self._update_norm()
-        if cuda:
-            torch.cuda.synchronize()
-        return clock() - started
+        times = []
+        for _ in range(repeats):
+            if cuda:
+                torch.cuda.synchronize()
+            started = clock()
+            self._keep_sample()
+            self._update_norm()
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(clock() - started)
+        return min(times)
 
     def turn_off(self) -> None:
         """No more checks; the copy's memory is freed."""

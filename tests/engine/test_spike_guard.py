@@ -368,6 +368,28 @@ def test_copies_are_spaced_by_what_they_cost(copy_cost: float, spacing: int, cap
     assert loop.guard.trusted.step == max(s for s in range(spacing, 200, spacing) if s + 5 <= 199)
 
 
+@pytest.mark.parametrize(
+    ("first", "then", "on"), [(1.0, 1e-5, True), (0.01, 0.01, False)], ids=["one-pause", "dear"]
+)
+def test_the_update_check_is_kept_by_its_fastest_timing(first: float, then: float, on: bool) -> None:
+    """Timed with the first copy against 1 s steps: one pause in its timings (a loaded machine) does not
+    turn it off; a check dearer than `max_check_share` every time does, and its copy is freed."""
+    clock = CostlyCopies(step=1.0, copy=0.0)
+    config = SpikeGuardConfig(every=10, max_copy_share=0.002, max_check_share=0.002)
+    loop = clock.wrap(Loop(config, clock=clock)).run(range(1, 10))  # before the first copy, untimed
+    check = loop.guard.update_check
+    keep, costs = check._keep_sample, [first, then]  # step 10's own sample, then the first timing
+
+    def paused_keep() -> None:
+        clock.now += costs.pop() if costs else then
+        keep()
+
+    check._keep_sample = paused_keep
+    loop.run(range(10, 40))
+    assert loop.engine.stats()["update_check"] is on
+    assert (check.nbytes() > 0) is on
+
+
 def test_the_copies_spacing_is_kept_in_the_engine_state() -> None:
     """Set once, from the first copy's timing, and saved: a resumed run copies at the steps the
     uninterrupted run copies at, whatever its own clock says."""
