@@ -43,7 +43,7 @@ import torch
 from .alarm import Alarm, DivergenceLevel
 from .config import SpikeGuardConfig
 from .sharding import local
-from .timing import clock_for
+from .timing import clock_for, largest_over_ranks
 from .update_check import UpdateCheck
 
 logger = logging.getLogger(__name__)
@@ -657,9 +657,10 @@ class SpikeGuard:
 
     def _space_copies(self, step: int) -> None:
         """Take the first periodic copy, timed, and space the next ones so that they cost at most
-        `max_copy_share` of the step time (the median of the steps timed before it), every x2^k. The
-        copy is taken twice and the second timed: the first allocates its buffers, which later copies
-        reuse (timing it made a tiny model's copies look several times dearer than they are)."""
+        `max_copy_share` of the step time (the median of the steps timed before it; the dearest rank's
+        share, so that every rank copies at the same steps), every x2^k. The copy is taken twice and the
+        second timed: the first allocates its buffers, which later copies reuse (timing it made a tiny
+        model's copies look several times dearer than they are)."""
         self.pending.take(step, self.params, self.optimizer)
         cuda = any(p.device.type == "cuda" for p in self.params)
         if cuda:  # the copy's kernels run asynchronously: time them whole, this once
@@ -672,14 +673,13 @@ class SpikeGuard:
         if not self.step_times:  # nothing to weigh it against yet (a copy at the first steps)
             return
         step_seconds = max(statistics.median(self.step_times), 1e-9)
+        copy_share = largest_over_ranks(copy_seconds / step_seconds, local(self.params[0]).device)
         every = self.config.every
-        while copy_seconds / (every * step_seconds) > self.config.max_copy_share and every < (
-            MAX_SPACING * self.config.every
-        ):
+        while copy_share / every > self.config.max_copy_share and every < MAX_SPACING * self.config.every:
             every *= 2
         self.copy_every, self.step_times, self.last_observed = every, [], None
         self._decide_update_check(step_seconds)
-        share = copy_seconds / (every * step_seconds)
+        share = copy_share / every
         over = share > self.config.max_copy_share
         (logger.warning if over else logger.info)(
             "hf_hybrid: the spike guard's copy (%.1f MiB) took %.3g s against a %.3g s step: one copy every "
@@ -697,7 +697,9 @@ class SpikeGuard:
         """Keep the update check where its per-step sample and norm cost at most `max_check_share`."""
         if not self.update_check.on or self.config.max_check_share == 0:
             return
-        share = self.update_check.cost_seconds(self.clock) / step_seconds
+        share = largest_over_ranks(
+            self.update_check.cost_seconds(self.clock) / step_seconds, local(self.params[0]).device
+        )
         keep = share <= self.config.max_check_share
         if not keep:
             self.update_check.turn_off()

@@ -152,9 +152,11 @@ def test_learning_rate_set_absurdly_high(tmp_path, invariants, phase):
 
 
 def test_the_spike_guard_skips_exactly(tmp_path, invariants):
-    """With the spike guard on, two batches of random tokens at mid-run (the fault bench's `garbage`) are
-    blamed on the data and skipped; the invariants check each skipped step left every trainable weight and
-    the optimizer state bit-identical. (An lr burst's restore, exact with Adam and an 8-bit optimizer, is
+    """With the spike guard on, three batches of random tokens at mid-run (the fault bench's `garbage`)
+    are blamed on the data: the first, under twice the level on this barely trained model, is left alone
+    as a single hard batch is, the next two are skipped as a run of bad batches; the invariants check each
+    skipped step left every trainable weight and the optimizer state bit-identical. (An lr burst's
+    restore, exact with Adam and an 8-bit optimizer, is
     `test_trainer_spike_guard.py::test_a_restore_puts_back_the_trusted_copy_exactly`: the bench's x30 is
     a blip on this model that the guard rightly leaves alone.)"""
     from hf_hybrid.bench.measure.faults import FaultWindow, inject
@@ -169,7 +171,7 @@ def test_the_spike_guard_skips_exactly(tmp_path, invariants):
             hybrid_guard_max_copy_share=0.0,
         )
     )
-    inject(trainer, FaultWindow("garbage", 50, 2), seed=0)
+    inject(trainer, FaultWindow("garbage", 50, 3), seed=0)
     trainer.train()
     invariants.verify()
     stats = trainer.hybrid_stats()
