@@ -14,6 +14,9 @@ import torch.distributed as dist
 
 from hf_hybrid.engine.spike_guard import SpikeGuard, SpikeGuardConfig
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from teardown import leave_process_group  # noqa: E402
+
 STEP_SECONDS = 1.0
 COPY_SECONDS = {0: 0.01, 1: 0.05}  # rank 0 alone: a copy every 10 steps; rank 1: every 40
 CHECK_SECONDS = {0: 0.0, 1: 0.01}  # rank 0 alone: the check stays on; rank 1: off
@@ -52,7 +55,7 @@ def main(out: Path) -> None:
         guard.observe(step, loss, 1.0)
     decided = {"copy_every": guard.copy_every, "update_check": guard.update_check.on}
     (out / f"rank{rank}.json").write_text(json.dumps(decided))
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 if __name__ == "__main__":
