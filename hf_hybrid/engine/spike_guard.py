@@ -506,7 +506,13 @@ class SpikeGuard:
         if not self.update_check.on:
             return
         lrs = [None if g.get("lr") is None else float(g["lr"]) for g in self.optimizer.param_groups]
-        self.update_check.take(step, lrs, self.step_grad_norm)
+        grads, grad_norm = self.detector.grad_norms, self.step_grad_norm
+        grad_ratio = (
+            grad_norm / max(statistics.median(grads), 1e-12)
+            if grad_norm is not None and len(grads) >= self.config.min_history
+            else None
+        )  # against the detector's window of the applied steps' gradient norms
+        self.update_check.take(step, lrs, grad_ratio)
 
     def update_alarms(self, step: int) -> list[Alarm]:
         """The update the optimizer just applied, judged (`UpdateCheck`): an alarm that takes it back, or

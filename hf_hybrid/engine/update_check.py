@@ -73,7 +73,6 @@ class UpdateCheck:
         self.suspect_loss = suspect_loss
         self.device = device
         self.norms: deque[float] = deque(maxlen=history)
-        self.grad_norms: deque[float] = deque(maxlen=history)  # of the updates kept
         self.kept_lrs: list[float | None] = []  # the learning rates of the last update kept
         self.on = bool(params) and max_ratio > 0 and not any(is_sharded(p) for p in params)
         self.largest_ratio = 0.0  # how close a left update came to the limit (reported, not judged)
@@ -87,19 +86,20 @@ class UpdateCheck:
         self._contiguous = True
         self._live: list[torch.Tensor] = []
         self._samples: list[torch.Tensor] = []
-        self._step: tuple[list[float | None], float | None] = ([], None)  # this step's lrs and grad norm
+        self._step: tuple[list[float | None], float | None] = ([], None)  # this step's lrs and grad ratio
 
     @torch.no_grad()
-    def take(self, step: int, lrs: list[float | None] | None = None, grad_norm: float | None = None) -> None:
+    def take(self, step: int, lrs: list[float | None] | None = None, grad_ratio: float | None = None) -> None:
         """Before the optimizer runs: keep the sample of the weights it is about to change, and the whole
-        weights when `lrs` (each group's) or `grad_norm` show a sign that the update may be outsized."""
+        weights when `lrs` (each group's) or `grad_ratio` (this step's gradient norm over the recent
+        median, as the caller keeps it; None: not known) show a sign that the update may be outsized."""
         self.taken = self.on
         self.copied = False
         if not self.on:
             return
         if not self.copy:
             self._allocate()
-        self._step = (list(lrs or []), grad_norm)
+        self._step = (list(lrs or []), grad_ratio)
         self._keep_sample()
         if self._may_overshoot():
             torch._foreach_copy_(self.copy, self._live, non_blocking=self.copy[0].is_pinned())
@@ -132,10 +132,7 @@ class UpdateCheck:
         if math.isfinite(norm):
             self.norms.append(norm)
             self.largest_ratio = max(self.largest_ratio, ratio if math.isfinite(ratio) else 0.0)
-        lrs, grad_norm = self._step
-        self.kept_lrs = lrs
-        if grad_norm is not None and math.isfinite(grad_norm):
-            self.grad_norms.append(grad_norm)
+        self.kept_lrs = self._step[0]
         return None
 
     @torch.no_grad()
@@ -177,16 +174,12 @@ class UpdateCheck:
         are worth copying. Never before the check can judge (too few updates seen)."""
         if len(self.norms) < self.min_history:
             return False
-        lrs, grad_norm = self._step
+        lrs, grad_ratio = self._step
         if not lrs or not self.kept_lrs or any(lr is None for lr in lrs):
             return True  # no learning rate to read: copied every step
         if any(k is None or now > LR_JUMP * k for now, k in zip(lrs, self.kept_lrs, strict=False)):
             return True
-        return (
-            grad_norm is not None
-            and len(self.grad_norms) >= self.min_history
-            and grad_norm > GRAD_JUMP * statistics.median(self.grad_norms)
-        )
+        return grad_ratio is not None and grad_ratio > GRAD_JUMP
 
     def _allocate(self) -> None:
         """The copy's buffers (allocated at once, as the storage plan counted them: no surprise later),
@@ -263,7 +256,6 @@ class UpdateCheck:
     def state_dict(self) -> dict[str, Any]:
         return {
             "norms": list(self.norms),
-            "grad_norms": list(self.grad_norms),
             "kept_lrs": list(self.kept_lrs),
             "on": self.on,
             "largest_ratio": self.largest_ratio,
@@ -273,7 +265,6 @@ class UpdateCheck:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.norms = deque((float(v) for v in state["norms"]), maxlen=self.norms.maxlen)
-        self.grad_norms = deque((float(v) for v in state.get("grad_norms", [])), maxlen=self.norms.maxlen)
         self.kept_lrs = [None if v is None else float(v) for v in state.get("kept_lrs", [])]
         if not state["on"]:
             self.turn_off()
