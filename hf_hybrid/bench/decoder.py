@@ -24,11 +24,16 @@ import tempfile
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
+from pydoc_data.topics import topics
 from typing import Any
 
 import torch
+from datasets import Dataset
+from peft import LoraConfig, TaskType, get_peft_model
+from transformers import AutoModelForCausalLM, GPT2LMHeadModel, Trainer, TrainingArguments
 
-from ..data import BYTE_VOCAB_SIZE, stdlib_source_files
+from ..data import stdlib_source_files
+from ..tiny_models import tiny_gpt2_config
 
 logger = logging.getLogger(__name__)
 
@@ -97,31 +102,17 @@ def decoder_path(recipe: Recipe = Recipe(), rebuild: bool = False) -> Path:
 
 def build(recipe: Recipe, blocks: list[list[int]], folder: Path) -> None:
     """Pretrain with the plain Trainer and save into `folder` (written beside it, then moved in whole)."""
-    from datasets import Dataset
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
-
     logger.warning("hf_hybrid: pretraining the arena's decoder (%s) into %s", recipe, folder)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the same weights on every machine with this torch
     try:
         torch.manual_seed(recipe.seed)
-        config = GPT2Config(
-            vocab_size=BYTE_VOCAB_SIZE, n_positions=recipe.seq_len, n_embd=recipe.n_embd,
-            n_layer=recipe.n_layer, n_head=recipe.n_head, bos_token_id=0, eos_token_id=0,
-        )  # fmt: skip
+        config = tiny_gpt2_config(recipe.n_embd, recipe.n_layer, recipe.n_head, n_positions=recipe.seq_len)
         model = GPT2LMHeadModel(config)
         with tempfile.TemporaryDirectory() as tmp:
-            args = TrainingArguments(
-                output_dir=tmp, max_steps=recipe.steps, per_device_train_batch_size=recipe.batch_size,
-                learning_rate=recipe.learning_rate, lr_scheduler_type="cosine",
-                warmup_steps=recipe.warmup_steps, weight_decay=0.01, save_strategy="no", report_to="none",
-                seed=recipe.seed, data_seed=recipe.seed, disable_tqdm=True,
-                logging_steps=max(1, recipe.steps // 8), use_cpu=not torch.cuda.is_available(),
-                dataloader_num_workers=0,
-            )  # fmt: skip
             trainer = Trainer(
                 model=model,
-                args=args,
+                args=_pretraining_arguments(recipe, tmp),
                 train_dataset=Dataset.from_dict({"input_ids": blocks, "labels": blocks}),
             )
             trainer.train()
@@ -140,6 +131,26 @@ def build(recipe: Recipe, blocks: list[list[int]], folder: Path) -> None:
     staging.rename(folder)
 
 
+def _pretraining_arguments(recipe: Recipe, output_dir: str) -> TrainingArguments:
+    return TrainingArguments(
+        output_dir=output_dir,
+        max_steps=recipe.steps,
+        per_device_train_batch_size=recipe.batch_size,
+        learning_rate=recipe.learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=recipe.warmup_steps,
+        weight_decay=0.01,
+        save_strategy="no",
+        report_to="none",
+        seed=recipe.seed,
+        data_seed=recipe.seed,
+        disable_tqdm=True,
+        logging_steps=max(1, recipe.steps // 8),
+        use_cpu=not torch.cuda.is_available(),
+        dataloader_num_workers=0,
+    )
+
+
 # ---- the fine-tune text ------------------------------------------------------------------------------
 
 
@@ -150,10 +161,6 @@ def is_eval_topic(name: str, eval_percent: int = 25) -> bool:
 @lru_cache(maxsize=4)
 def docs_blocks(seq_len: int, train_blocks: int, eval_blocks: int) -> tuple[Any, Any]:
     """(train, eval) byte blocks of Python's reference documentation, split by topic."""
-    from pydoc_data.topics import topics
-
-    from datasets import Dataset
-
     data: dict[str, bytes] = {"train": b"", "eval": b""}
     for name in sorted(topics):
         split = "eval" if is_eval_topic(name) else "train"
@@ -172,12 +179,8 @@ def docs_blocks(seq_len: int, train_blocks: int, eval_blocks: int) -> tuple[Any,
 
 def pretrained_decoder(recipe: Recipe, seed: int, lora: bool) -> torch.nn.Module:
     """The cached decoder through `from_pretrained`, with LoRA adapters on the attention drawn from `seed`."""
-    from transformers import AutoModelForCausalLM
-
     model = AutoModelForCausalLM.from_pretrained(decoder_path(recipe))
     if lora:
-        from peft import LoraConfig, TaskType, get_peft_model
-
         torch.manual_seed(seed)
         config = LoraConfig(
             task_type=TaskType.CAUSAL_LM, r=8, lora_alpha=16, target_modules=["c_attn"], fan_in_fan_out=True

@@ -23,7 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data import BYTE_VOCAB_SIZE, stdlib_lm_datasets, stdlib_package_snippets
+from ..data import stdlib_lm_datasets, stdlib_package_snippets
+from ..tiny_models import tiny_gpt2
 from .task import BenchTask
 
 SIZES = ("tiny", "quick", "full")
@@ -91,19 +92,7 @@ def clm_data(size: TaskSize) -> tuple[Any, Any]:
 
 
 def _tiny_gpt2(size: TaskSize, seed: int) -> nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(seed)
-    config = GPT2Config(
-        vocab_size=BYTE_VOCAB_SIZE,
-        n_positions=size.seq_len,
-        n_embd=64,
-        n_layer=2,
-        n_head=2,
-        bos_token_id=0,
-        eos_token_id=0,
-    )
-    return GPT2LMHeadModel(config)
+    return tiny_gpt2(seed, n_positions=size.seq_len)
 
 
 def _gpt2_124m(size: TaskSize, seed: int) -> nn.Module:
