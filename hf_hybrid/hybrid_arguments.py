@@ -79,7 +79,7 @@ class HybridArgumentsMixin:
     )
     hybrid_predictor: str = _engine_field(
         "predictor",
-        "Weight-delta predictor: a registered name (built-in: adam, ema, lowrank, null; see "
+        "Weight-delta predictor: a registered name (built-in: adam, ema, null; see "
         "`hf_hybrid.register_predictor`) or auto (`adam`, which replays torch Adam/AdamW with no extra "
         "buffer, when the optimizer allows, else `ema`).",
     )

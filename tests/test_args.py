@@ -29,7 +29,7 @@ BAD_VALUES = [
     ("hybrid_confidence_threshold", 1.5, r"number in \[0.0, 1.0\]"),
     ("hybrid_confidence_threshold", float("nan"), r"number in \[0.0, 1.0\]"),
     ("hybrid_correction_interval", -1, r"integer >= 0"),
-    ("hybrid_predictor", "magic", r"one of \['auto', 'adam', 'ema', 'lowrank', 'null'\]"),
+    ("hybrid_predictor", "magic", r"one of \['auto', 'adam', 'ema', 'null'\]"),
     ("hybrid_check_every", -2, r"integer >= 0"),
     ("hybrid_max_delta", 0.0, r"number in \(0.0, 1.0\]"),
     ("hybrid_max_delta", 2.0, r"number in \(0.0, 1.0\]"),
@@ -149,13 +149,13 @@ def test_hf_argument_parser_reads_every_field(tmp_path):
     (args,) = parser.parse_args_into_dataclasses(
         [
             "--output_dir", str(tmp_path), "--report_to", "none",
-            "--hybrid_warmup_steps", "7", "--hybrid_predictor", "lowrank", "--hybrid_max_delta", "0.02",
+            "--hybrid_warmup_steps", "7", "--hybrid_predictor", "null", "--hybrid_max_delta", "0.02",
             "--hybrid_snapshot_device", "cpu", "--no_hybrid_rollback", "--hybrid_seed", "3",
             "--hybrid_enabled", "false",
         ]
     )  # fmt: skip
     assert isinstance(args, TrainingArguments)
-    assert (args.hybrid_warmup_steps, args.hybrid_predictor, args.hybrid_max_delta) == (7, "lowrank", 0.02)
+    assert (args.hybrid_warmup_steps, args.hybrid_predictor, args.hybrid_max_delta) == (7, "null", 0.02)
     assert (args.hybrid_snapshot_device, args.hybrid_rollback, args.hybrid_seed) == ("cpu", False, 3)
     assert args.hybrid_enabled is False
 
@@ -166,7 +166,7 @@ def test_parser_rejects_a_predictor_outside_the_registry(tmp_path):
         ValueError, match=r"`hybrid_predictor` must be one of \['auto', 'adam', .*got 'magic'"
     ):
         parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path), "--hybrid_predictor", "magic"])
-    assert available_predictors() == ["adam", "ema", "lowrank", "null"]
+    assert available_predictors() == ["adam", "ema", "null"]
 
 
 class _DampedEMA(EMAPredictor):

@@ -56,10 +56,10 @@ class TestHybridOverrides:
         from hf_hybrid.bench.overrides import parse_hybrid_overrides
 
         got = parse_hybrid_overrides(
-            ["hybrid_predictor=lowrank", "hybrid_warmup_steps=5", "hybrid_max_delta=0.1",
+            ["hybrid_predictor=adam", "hybrid_warmup_steps=5", "hybrid_max_delta=0.1",
              "hybrid_rollback=false", "hybrid_seed=none"]
         )  # fmt: skip
-        assert got == {"hybrid_predictor": "lowrank", "hybrid_warmup_steps": 5, "hybrid_max_delta": 0.1,
+        assert got == {"hybrid_predictor": "adam", "hybrid_warmup_steps": 5, "hybrid_max_delta": 0.1,
                        "hybrid_rollback": False, "hybrid_seed": None}  # fmt: skip
         assert type(got["hybrid_max_delta"]) is float and parse_hybrid_overrides(["hybrid_seed=3"]) == {
             "hybrid_seed": 3

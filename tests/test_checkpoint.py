@@ -96,12 +96,12 @@ def test_a_corrupt_tensor_file_is_refused_with_a_clear_message(straight_run, tmp
 def test_a_changed_predictor_is_refused_and_restart_engine_accepts_it(straight_run, tmp_path, caplog):
     out, straight, saved = straight_run
     folder = str(out / f"checkpoint-{saved['correct']}")
-    trainer = hybrid_trainer(tmp_path / "a", max_steps=40, hybrid_predictor="lowrank")
+    trainer = hybrid_trainer(tmp_path / "a", max_steps=40, hybrid_predictor="null")
     _assert_refused_before_any_step(
-        trainer, folder, r"configuration differs.*'hybrid_predictor': \('ema', 'lowrank'\)"
+        trainer, folder, r"configuration differs.*'hybrid_predictor': \('ema', 'null'\)"
     )
     trainer = hybrid_trainer(
-        tmp_path / "b", max_steps=40, hybrid_predictor="lowrank", hybrid_restart_engine=True
+        tmp_path / "b", max_steps=40, hybrid_predictor="null", hybrid_restart_engine=True
     )
     with caplog.at_level("WARNING", logger="hf_hybrid"):
         trainer.train(resume_from_checkpoint=folder)
@@ -298,7 +298,7 @@ def _edit_state(folder, edit_entry=None, edit_tree=None):
     [
         (lambda e: e.update(format_version=99), None, r"format 99 is not supported"),
         (None, lambda t: t.pop("bandit"), r"cannot resume the hybrid engine.*'bandit'"),
-        (None, lambda t: t["watch"]["predictor"].update(name="lowrank"), r"predictor state is for 'lowrank'"),
+        (None, lambda t: t["watch"]["predictor"].update(name="null"), r"predictor state is for 'null'"),
     ],
 )
 def test_damaged_or_newer_state_entries_are_refused(

@@ -72,7 +72,7 @@ def _assert_unchanged(before, model):
 
 @pytest.mark.parametrize(
     ("how", "predictor", "buffers_per_param"),
-    [("peft_config", "ema", 1), ("ready_peft_model", "ema", 1), ("peft_config", "lowrank", 8)],
+    [("peft_config", "ema", 1), ("ready_peft_model", "ema", 1), ("peft_config", "adam", 0)],
 )
 def test_lora_engine_covers_exactly_the_adapters(tmp_path, how, predictor, buffers_per_param):
     overrides = {"max_steps": 40, "hybrid_predictor": predictor}
@@ -109,8 +109,8 @@ def test_lora_engine_covers_exactly_the_adapters(tmp_path, how, predictor, buffe
     assert all(names == set(adapters) for names, _ in recorder.snapshots)
     assert all(nbytes == adapter_fp32_bytes for _, nbytes in recorder.snapshots)
 
-    # The predictor's buffers are fp32 and per adapter: one per parameter for the EMA, a window of 8
-    # for the low-rank predictor; the logged telemetry says the same number.
+    # The predictor's buffers are fp32 and per adapter: one per parameter for the EMA, none for the Adam
+    # replay (it reads the optimizer's moments); the logged telemetry says the same number.
     assert trainer.engine.predictor.nbytes() == buffers_per_param * adapter_fp32_bytes
     assert stats["predictor_bytes"] == buffers_per_param * adapter_fp32_bytes
     logged = [e["hybrid/predictor_bytes"] for e in trainer.state.log_history if "hybrid/predictor_bytes" in e]

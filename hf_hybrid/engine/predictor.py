@@ -12,6 +12,7 @@ valid for `hybrid_predictor` (also on the command line), or pass an instance to
 
 from __future__ import annotations
 
+import inspect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -178,8 +179,6 @@ INJECTED_ARGUMENTS = ("params", "optimizer", "sample")  # what `build_predictor`
 def constructor_arguments(name: str) -> list[str] | None:
     """The keyword arguments a predictor's constructor takes from `predictor_kwargs` (None: any, it has
     `**kwargs`); the ones the engine passes itself are left out."""
-    import inspect
-
     parameters = list(inspect.signature(predictor_class(name).__init__).parameters.values())[1:]
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return None
@@ -289,87 +288,6 @@ class EMAPredictor(DeltaPredictor):
 
     def load_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
         self.ema = {key.removeprefix("ema."): t.float().clone() for key, t in tensors.items()}
-
-
-@_builtin
-class LowRankPredictor(DeltaPredictor):
-    """Per tensor, the top-`rank` subspace of the last `window` updates; coefficients extrapolated.
-
-    The subspace comes from the small (window x window) Gram matrix of the recent updates, so no
-    SVD of a large matrix is needed. The coefficient series is fit by a least-squares line and read
-    `steps_ahead` past its end, shrunk by `decay`**steps_ahead (extrapolating a line overshoots).
-    The Gram matrix is a sum over the whole tensor, so a shard alone cannot compute it: not sharded.
-    """
-
-    name = "lowrank"
-    supports_sharding = False
-
-    def __init__(self, window: int = 8, rank: int = 2, decay: float = 0.9) -> None:
-        super().__init__()
-        if window < 2:
-            raise ValueError(f"`window` must be >= 2, got {window}")
-        if not 1 <= rank <= window:
-            raise ValueError(f"`rank` must be in [1, window={window}], got {rank}")
-        if not 0.0 < decay <= 1.0:
-            raise ValueError(f"`decay` must be in (0, 1], got {decay}")
-        self.window = window
-        self.rank = rank
-        self.decay = decay
-        self.history: Deltas = {}
-
-    def observe(self, deltas: Mapping[str, torch.Tensor]) -> None:
-        slot = self.observed % self.window
-        for name, delta in deltas.items():
-            buf = self.history.get(name)
-            if buf is None:
-                buf = torch.zeros((self.window, *delta.shape), dtype=torch.float32, device=delta.device)
-                self.history[name] = buf
-            buf[slot].copy_(delta)
-        self.observed += 1
-
-    def _ordered(self, buf: torch.Tensor) -> torch.Tensor:
-        """The filled rows, oldest first, flattened to (n, numel)."""
-        n = min(self.observed, self.window)
-        start = self.observed % self.window if self.observed >= self.window else 0
-        order = [(start + i) % self.window for i in range(n)]
-        return buf[order].reshape(n, -1)
-
-    def predict(self, steps_ahead: int) -> Deltas | None:
-        if self.observed < 2:
-            return None
-        out: Deltas = {}
-        for name, buf in self.history.items():
-            rows = self._ordered(buf)
-            weights = self._weights(rows, steps_ahead)
-            out[name] = (weights @ rows).reshape(buf.shape[1:])
-        return out
-
-    def _weights(self, rows: torch.Tensor, steps_ahead: int) -> torch.Tensor:
-        """Mixing weights w (n,) such that the prediction is w @ rows."""
-        n = rows.shape[0]
-        gram = (rows.double() @ rows.double().T).cpu()
-        eigvals, eigvecs = torch.linalg.eigh(gram)
-        keep = eigvals > eigvals.max().clamp_min(1e-30) * 1e-6
-        eigvals, eigvecs = eigvals[keep][-self.rank :], eigvecs[:, keep][:, -self.rank :]
-        if eigvals.numel() == 0:
-            return torch.zeros(n, dtype=rows.dtype, device=rows.device)
-        coeffs = eigvecs * eigvals.sqrt()  # (n, r): coefficient of each update on each basis vector
-        t = torch.arange(n, dtype=torch.float64)
-        t_centered = t - t.mean()
-        slope = (t_centered[:, None] * coeffs).sum(0) / (t_centered**2).sum()
-        target = coeffs.mean(0) + slope * (n - 1 + steps_ahead - t.mean())
-        weights = eigvecs @ (target / eigvals.sqrt()) * self.decay**steps_ahead
-        return weights.to(dtype=rows.dtype, device=rows.device)
-
-    def reset(self) -> None:
-        self.history.clear()
-        self.observed = 0
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {f"history.{name}": buf for name, buf in self.history.items()}
-
-    def load_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
-        self.history = {key.removeprefix("history."): t.float().clone() for key, t in tensors.items()}
 
 
 @_builtin

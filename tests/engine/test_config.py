@@ -25,7 +25,7 @@ ENGINE_BAD = [
     ("seed", -1, r"an integer in \[0, 9223372036854775807\]"),
     ("rollback", "yes", r"True or False"),
     ("use_bandit", 1, r"True or False"),
-    ("predictor", "magic", r"one of \['auto', 'adam', 'ema', 'lowrank', 'null'\]"),
+    ("predictor", "magic", r"one of \['auto', 'adam', 'ema', 'null'\]"),
     ("predictor_kwargs", ["beta"], r"a mapping of argument names to values"),
 ]
 SCHEDULE_BAD = [

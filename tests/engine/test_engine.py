@@ -128,15 +128,6 @@ class TestNullPredictor:
         assert loop.engine.stats()["refused_updates"] == 0
 
 
-class TestLowRank:
-    def test_runs_through_all_phases(self) -> None:
-        loop = Loop(EngineConfig(schedule=engine_config().schedule, predictor="lowrank"))
-        loop.run(60)
-        assert {Phase.PREDICT, Phase.CORRECT} <= set(loop.phases())
-        assert all(finite(r.after) for r in loop.records)
-        assert any(r.outcome.applied_update for r in loop.records if r.plan.phase is Phase.PREDICT)
-
-
 class TestInjectedLosses:
     @pytest.mark.parametrize("bad_loss", [math.nan, math.inf])
     def test_non_finite_loss_in_predict_step_rolls_back(self, bad_loss: float) -> None:

@@ -11,7 +11,6 @@ import torch
 from hf_hybrid.engine.predictor import (
     DeltaPredictor,
     EMAPredictor,
-    LowRankPredictor,
     NullPredictor,
     available_predictors,
     build_predictor,
@@ -43,14 +42,14 @@ def _assert_same(a: Mapping[str, torch.Tensor] | None, b: Mapping[str, torch.Ten
 
 class TestRegistry:
     def test_builtins_registered(self) -> None:
-        assert available_predictors() == ["adam", "ema", "lowrank", "null"]
+        assert available_predictors() == ["adam", "ema", "null"]
         assert isinstance(build_predictor("null"), NullPredictor)
         assert isinstance(build_predictor("ema", beta=0.5), EMAPredictor)
-        assert build_predictor("lowrank", window=4, rank=1).window == 4
+        assert build_predictor("ema", decay=0.5).decay == 0.5
 
     def test_unknown_name_lists_available(self) -> None:
         with pytest.raises(
-            ValueError, match=r"unknown predictor 'nope'; available: \[.*'ema'.*'lowrank'.*'null'"
+            ValueError, match=r"unknown predictor 'nope'; available: \[.*'adam'.*'ema'.*'null'"
         ):
             build_predictor("nope")
 
@@ -68,7 +67,7 @@ class TestRegistry:
             unregister_predictor("test-constant")
         assert "test-constant" not in available_predictors()
 
-    @pytest.mark.parametrize("name", ["ema", "null", "adam", "lowrank"])
+    @pytest.mark.parametrize("name", ["ema", "null", "adam"])
     def test_shadowing_a_builtin_is_refused(self, name: str) -> None:
         class Impostor(EMAPredictor):
             pass
@@ -198,102 +197,6 @@ class TestEMA:
             EMAPredictor(**kwargs)
 
 
-class TestLowRank:
-    def test_linear_coefficients_in_2d_subspace(self) -> None:
-        gen = torch.Generator().manual_seed(0)
-        u, v = torch.randn(2, 40, 30, generator=gen, dtype=torch.float64)
-        p = LowRankPredictor(window=8, rank=2, decay=1.0)
-
-        def update(t: int) -> torch.Tensor:
-            return ((1.0 + 0.3 * t) * u + (2.0 - 0.5 * t) * v).float()
-
-        for t in range(12):  # more than the window: the ring buffer wraps
-            p.observe({"w": update(t)})
-        for k in (1, 3):
-            pred = p.predict(k)
-            assert pred is not None
-            assert _rel_err(pred["w"], update(11 + k)) < 1e-3, k
-
-    def test_decay_shrinks_extrapolation(self) -> None:
-        gen = torch.Generator().manual_seed(1)
-        u, v = torch.randn(2, 64, generator=gen)
-        p = LowRankPredictor(window=6, rank=2, decay=0.5)
-        for t in range(6):
-            p.observe({"w": (1.0 + t) * u + (3.0 - t) * v})
-        pred = p.predict(2)
-        assert pred is not None
-        assert _rel_err(pred["w"], 0.25 * ((1.0 + 7) * u + (3.0 - 7) * v)) < 1e-3
-
-    @pytest.mark.parametrize("decay", [1.0, 0.9])
-    def test_constant_updates(self, decay: float) -> None:
-        delta = _random_deltas(3)
-        p = LowRankPredictor(window=5, rank=2, decay=decay)
-        for _ in range(7):
-            p.observe(delta)
-        for k in (1, 4):
-            pred = p.predict(k)
-            assert pred is not None
-            for name, d in delta.items():
-                assert _rel_err(pred[name], d * decay**k) < 1e-4
-
-    def test_needs_two_observations(self) -> None:
-        p = LowRankPredictor()
-        assert p.predict(1) is None
-        p.observe(_random_deltas(0))
-        assert p.predict(1) is None
-        p.observe(_random_deltas(0))
-        assert p.predict(1) is not None
-
-    def test_zero_updates_predict_zero(self) -> None:
-        p = LowRankPredictor(window=3)
-        for _ in range(3):
-            p.observe({"w": torch.zeros(5)})
-        pred = p.predict(1)
-        assert pred is not None
-        assert torch.equal(pred["w"], torch.zeros(5))
-
-    def test_fp32_buffers_for_bf16_deltas(self) -> None:
-        p = LowRankPredictor(window=4, decay=1.0)
-        delta = {"w": torch.full((3, 3), 3e-4, dtype=torch.bfloat16)}
-        for _ in range(4):
-            p.observe(delta)
-        assert all(t.dtype == torch.float32 for t in p.tensors().values())
-        pred = p.predict(1)
-        assert pred is not None and pred["w"].dtype == torch.float32
-        assert _rel_err(pred["w"], delta["w"].float()) < 1e-4
-
-    def test_state_round_trip_same_prediction(self) -> None:
-        p = LowRankPredictor(window=4, rank=2, decay=0.9)
-        for seed in range(6):  # wrapped ring buffer
-            p.observe(_random_deltas(seed))
-        q = LowRankPredictor(window=4, rank=2, decay=0.9)
-        q.load_state_dict(p.state_dict())
-        _assert_same(p.predict(2), q.predict(2))
-        p.observe(_random_deltas(10))
-        q.observe(_random_deltas(10))
-        _assert_same(p.predict(1), q.predict(1))
-
-    def test_nbytes_and_reset(self) -> None:
-        p = LowRankPredictor(window=4)
-        p.observe(_random_deltas(0))
-        assert p.nbytes() == 4 * (30 + 6) * 4
-        p.reset()
-        assert p.observed == 0 and p.nbytes() == 0 and p.predict(1) is None
-
-    @pytest.mark.parametrize(
-        ("kwargs", "match"),
-        [
-            ({"window": 1}, "window"),
-            ({"rank": 0}, "rank"),
-            ({"window": 3, "rank": 4}, "rank"),
-            ({"decay": 1.5}, "decay"),
-        ],
-    )
-    def test_validation(self, kwargs: dict[str, float], match: str) -> None:
-        with pytest.raises(ValueError, match=match):
-            LowRankPredictor(**kwargs)  # type: ignore[arg-type]
-
-
 class TestDotProducts:
     def test_matches_float64_sums_over_tensors(self) -> None:
         real = _random_deltas(0)
@@ -384,4 +287,4 @@ class TestAdamReplay:
         assert resolve_predictor_name("auto", torch.optim.Adam(params, maximize=True)) == "ema"
         assert resolve_predictor_name("auto", torch.optim.SGD(params, lr=0.1)) == "ema"
         assert resolve_predictor_name("auto", None) == "ema"
-        assert resolve_predictor_name("lowrank", torch.optim.AdamW(params)) == "lowrank"
+        assert resolve_predictor_name("null", torch.optim.AdamW(params)) == "null"
