@@ -150,8 +150,8 @@ def test_gru_forecast_finite_on_constant_loss() -> None:
     model = LossForecaster(min_history=2)
     for _ in range(30):
         model.observe(0.7, 0.0, 0.0, 0)  # lr 0 and grad norm 0 must not produce non-finite features
-    model._err_acc = [0.0, 1.0, 1.0]  # force the GRU path to check its roll-out
-    model._scored = model.min_history
+    model.scores.err_acc = [0.0, 1.0, 1.0]  # force the GRU path to check its roll-out
+    model.scores.scored = model.min_history
     fc = model.forecast(6)
     assert fc.source == "gru"
     assert all(math.isfinite(m) for m in fc.mean) and all(s > 0 for s in fc.std)
@@ -231,7 +231,7 @@ def test_deterministic_given_seed() -> None:
 
 def test_nbytes_counts_weights_optimizer_and_history() -> None:
     model = LossForecaster(hidden_size=16, window=32)
-    n_params = sum(p.numel() for p in model._params)
+    n_params = sum(p.numel() for p in model.model.params)
     assert model.nbytes() == 4 * n_params
     _feed(model, _decay_curve(), 0, 50)
     # weights + two Adam moments (+ scalar step tensors) + (window + 1) feature rows
@@ -243,9 +243,9 @@ def test_train_every_trains_only_on_every_nth_step() -> None:
     dyn = LossForecaster(seed=0, train_every=4)
     changed = []
     for t in range(12):
-        before = [p.detach().clone() for p in dyn._params]
+        before = [p.detach().clone() for p in dyn.model.params]
         dyn.observe(2.0 - 0.01 * t, 1e-3, 1.0, 1)
-        changed.append(any(not torch.equal(a, p) for a, p in zip(before, dyn._params, strict=True)))
+        changed.append(any(not torch.equal(a, p) for a, p in zip(before, dyn.model.params, strict=True)))
     # step t is the (t+1)-th accepted loss; training needs two feature rows, so t = 0 never trains
     assert changed == [t > 0 and (t + 1) % 4 == 0 for t in range(12)]
     with pytest.raises(ValueError, match="train_every"):
