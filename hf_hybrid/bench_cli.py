@@ -230,14 +230,22 @@ def _tool_flags(bench: argparse.ArgumentParser) -> None:
 
 def bench_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run what the flags ask for; a problem the user can fix is one error line, exit code 2."""
-    from .bench.methods import MethodError
-    from .data import DataError
-
     try:
         return _dispatch(args)
-    except (DataError, MethodError) as exc:
+    except ValueError as exc:  # DataError and MethodError are ValueErrors
+        if not _fixable(exc):
+            raise
         print(f"hf-hybrid bench: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _fixable(exc: ValueError) -> bool:
+    """A DataError or a MethodError. The methods (torch) are not imported to ask: a MethodError can only
+    exist once its module is, and a misspelt method is refused before anything heavy is imported."""
+    from .data import DataError
+
+    methods = sys.modules.get("hf_hybrid.bench.methods.base")
+    return isinstance(exc, DataError) or (methods is not None and isinstance(exc, methods.MethodError))
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -245,6 +253,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     if os.getcwd() not in sys.path:  # `module.path:Name` methods and task factories from the user's folder
         sys.path.insert(0, os.getcwd())
+    from .bench.precheck import check_light, check_specs
+
+    check_light(args)  # before anything heavy is imported or read: a misspelt method is refused at once
     from .bench import SUITES, quiet_libraries
     from .data import DataError
 
@@ -256,6 +267,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     own = args.model_name_or_path is not None or args.task_factory is not None or args.dataset is not None
     if args.overhead:
         return _overhead(args)
+    check_specs(methods)  # every spec read as the arena will, still before the data
     if args.faults is not None:
         return _faults(args, own)
     if own:
