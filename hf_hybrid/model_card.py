@@ -143,6 +143,15 @@ def add_hybrid_section(
     return path
 
 
+def write_hybrid_section(
+    readme: str | os.PathLike, context: Mapping[str, Any], finetuned_from: str | None, model: Any
+) -> Path:
+    """The run's section (`card_context`) into the card `Trainer.create_model_card` wrote, the base model
+    named by `finetuned_from`, else by the local directory `model` was loaded from (`local_base_model`)."""
+    local = None if finetuned_from else local_base_model(model)
+    return add_hybrid_section(readme, render_section(context), base_model=finetuned_from, local_base=local)
+
+
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{100.0 * value:.1f}%"
 

@@ -39,7 +39,7 @@ from .engine.predictor import DeltaPredictor
 from .engine.spike_guard import SpikeGuard
 from .guard_storage import StoragePlan, choose_storage, memory_budget, optimizer_state_bytes
 from .hybrid_arguments import hybrid_name
-from .model_card import add_hybrid_section, card_context, local_base_model, render_section
+from .model_card import card_context, write_hybrid_section
 from .parameters import trainable_parameters
 from .telemetry import (
     TIMELINE_PLOT_FILE,
@@ -65,7 +65,82 @@ def _charged(hook: Callable[..., Any]) -> Callable[..., Any]:
     return charged
 
 
-class HybridHFTrainer(Trainer):
+class _PredictedSteps(Trainer):
+    """What a step without a backward needs of `Trainer`: a forward-only step (the loss measured as
+    `training_step` measures it, under no_grad), a blind one (nothing run), and the gradient hooks that
+    such a step skips. `HybridHFTrainer` builds on it; `optimizer` is then the `HybridOptimizer`."""
+
+    engine: HybridEngine | None
+
+    def _forward_only_step(
+        self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None
+    ) -> torch.Tensor:
+        """`Trainer.training_step` without the backward: the same context-parallel set-up, train modes
+        and loss scaling (so the logged loss is comparable across phases), under no_grad."""
+        cp_context, inputs = self._prepare_context_parallel_inputs(model, inputs)
+        with cp_context():
+            model.train()
+            self.optimizer.train()
+            with self.engine.timer.outside():  # the forward itself is the step's compute, not overhead
+                inputs = self._prepare_inputs(inputs)
+                with torch.no_grad(), self.compute_loss_context_manager():
+                    loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        self._reshard_after_forward_only(model)
+        if self.args.n_gpu > 1:
+            loss = loss.mean()
+        if not self._loss_is_scaled_for_ga(num_items_in_batch):
+            loss = loss / self.current_gradient_accumulation_steps
+        return loss.detach()
+
+    def _reshard_after_forward_only(self, model: nn.Module) -> None:
+        """Under FSDP2, free the parameters a forward without backward left unsharded.
+
+        FSDP2 reshards the root module (and any module with `reshard_after_forward=False`) only after the
+        backward. A forward under no_grad leaves them unsharded, and the next forward reuses that stale
+        copy instead of all-gathering again, so a predicted update written into the shards in between
+        would be invisible to it (measured: the loss after a predicted step drifted 1% from the
+        single-process run). Resharding drops the copy; the next forward gathers the updated shards.
+        """
+        if not self.is_fsdp_enabled:
+            return
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
+
+    def _loss_is_scaled_for_ga(self, num_items_in_batch: torch.Tensor | int | None) -> bool:
+        if self.loss_is_scaled_for_ga is not None:
+            return bool(self.loss_is_scaled_for_ga)
+        return (
+            self.model_accepts_loss_kwargs and num_items_in_batch is not None
+        ) or self.compute_loss_func is not None
+
+    def _blind_step_loss(self, plan: StepPlan) -> torch.Tensor:
+        """A blind predicted step measures nothing: the logged loss carries the last measured value."""
+        value = plan.carried_loss if plan.carried_loss is not None else float("nan")
+        return torch.tensor(value / self.current_gradient_accumulation_steps, device=self.args.device)
+
+    def _clip_grad_norm(self, model: nn.Module) -> Any:
+        if self._in_predicted_step():
+            return None  # no gradients exist; clipping would also break a fp16 GradScaler
+        return super()._clip_grad_norm(model)
+
+    def _get_grad_norm(self, model: nn.Module, grad_norm: Any = None) -> Any:
+        if self._in_predicted_step():
+            return None
+        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        if self.engine is not None:
+            with self.engine.timer.part("trainer"):  # a host read: a device sync on an accelerator
+                self.optimizer.set_grad_norm(None if grad_norm is None else float(grad_norm))
+        return grad_norm
+
+    def _in_predicted_step(self) -> bool:
+        plan = self.optimizer.plan if isinstance(self.optimizer, HybridOptimizer) else None
+        return plan is not None and not plan.phase.runs_backward
+
+
+class HybridHFTrainer(_PredictedSteps):
     """`transformers.Trainer` whose optimizer steps go through the hybrid phase machine.
 
     Takes everything `Trainer` takes, plus `peft_config` (wraps the model with peft, as TRL does),
@@ -132,7 +207,7 @@ class HybridHFTrainer(Trainer):
     def _shard_world_size(self) -> int:
         """Over how many ranks the engine's parameters will be sharded (1: whole tensors), known before
         `prepare` shards them: FSDP2 shards over every process."""
-        if self.is_fsdp_enabled and self._unsupported_distribution() is None:
+        if self.is_fsdp_enabled and unsupported_distribution(self) is None:
             return self.accelerator.num_processes
         return 1
 
@@ -162,7 +237,7 @@ class HybridHFTrainer(Trainer):
             )
 
     def _start_engine(self, model: nn.Module, checkpoint: str | None = None) -> None:
-        unsupported = self._unsupported_distribution()
+        unsupported = unsupported_distribution(self)
         if unsupported:
             logger.warning(
                 "hf_hybrid: %s; predict phases are off and this run trains exactly like the plain Trainer.",
@@ -252,20 +327,6 @@ class HybridHFTrainer(Trainer):
             loss = loss / self.current_gradient_accumulation_steps
         return loss.detach()
 
-    def _unsupported_distribution(self) -> str | None:
-        """Why predict phases cannot run under this accelerate set-up (None: they can).
-
-        FSDP2 is supported: its parameters are `DTensor`s sharded on dim 0, which the engine handles
-        shard by shard (`engine/sharding.py`). FSDP1 flattens each wrapped module's parameters into one
-        `FlatParameter` per rank, a plain tensor whose slices the engine cannot tell apart from a whole
-        tensor; DeepSpeed keeps the fp32 master weights inside its optimizer.
-        """
-        if self.is_deepspeed_enabled:
-            return _DEEPSPEED_UNSUPPORTED
-        if self.is_fsdp_enabled and getattr(self.accelerator.state.fsdp_plugin, "fsdp_version", 1) != 2:
-            return _FSDP1_UNSUPPORTED
-        return None
-
     # ---- one optimizer step ---------------------------------------------------------------------
 
     def training_step(
@@ -287,73 +348,6 @@ class HybridHFTrainer(Trainer):
                 return self._blind_step_loss(plan)
             self.optimizer.add_loss(loss)
             return loss
-
-    def _forward_only_step(
-        self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None
-    ) -> torch.Tensor:
-        """`Trainer.training_step` without the backward: the same context-parallel set-up, train modes
-        and loss scaling (so the logged loss is comparable across phases), under no_grad."""
-        cp_context, inputs = self._prepare_context_parallel_inputs(model, inputs)
-        with cp_context():
-            model.train()
-            self.optimizer.train()
-            with self.engine.timer.outside():  # the forward itself is the step's compute, not overhead
-                inputs = self._prepare_inputs(inputs)
-                with torch.no_grad(), self.compute_loss_context_manager():
-                    loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
-        self._reshard_after_forward_only(model)
-        if self.args.n_gpu > 1:
-            loss = loss.mean()
-        if not self._loss_is_scaled_for_ga(num_items_in_batch):
-            loss = loss / self.current_gradient_accumulation_steps
-        return loss.detach()
-
-    def _reshard_after_forward_only(self, model: nn.Module) -> None:
-        """Under FSDP2, free the parameters a forward without backward left unsharded.
-
-        FSDP2 reshards the root module (and any module with `reshard_after_forward=False`) only after the
-        backward. A forward under no_grad leaves them unsharded, and the next forward reuses that stale
-        copy instead of all-gathering again, so a predicted update written into the shards in between
-        would be invisible to it (measured: the loss after a predicted step drifted 1% from the
-        single-process run). Resharding drops the copy; the next forward gathers the updated shards.
-        """
-        if not self.is_fsdp_enabled:
-            return
-        from torch.distributed.fsdp import FSDPModule
-
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                module.reshard()
-
-    def _loss_is_scaled_for_ga(self, num_items_in_batch: torch.Tensor | int | None) -> bool:
-        if self.loss_is_scaled_for_ga is not None:
-            return bool(self.loss_is_scaled_for_ga)
-        return (
-            self.model_accepts_loss_kwargs and num_items_in_batch is not None
-        ) or self.compute_loss_func is not None
-
-    def _blind_step_loss(self, plan: StepPlan) -> torch.Tensor:
-        """A blind predicted step measures nothing: the logged loss carries the last measured value."""
-        value = plan.carried_loss if plan.carried_loss is not None else float("nan")
-        return torch.tensor(value / self.current_gradient_accumulation_steps, device=self.args.device)
-
-    def _clip_grad_norm(self, model: nn.Module) -> Any:
-        if self._in_predicted_step():
-            return None  # no gradients exist; clipping would also break a fp16 GradScaler
-        return super()._clip_grad_norm(model)
-
-    def _get_grad_norm(self, model: nn.Module, grad_norm: Any = None) -> Any:
-        if self._in_predicted_step():
-            return None
-        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
-        if self.engine is not None:
-            with self.engine.timer.part("trainer"):  # a host read: a device sync on an accelerator
-                self.optimizer.set_grad_norm(None if grad_norm is None else float(grad_norm))
-        return grad_norm
-
-    def _in_predicted_step(self) -> bool:
-        plan = self.optimizer.plan if isinstance(self.optimizer, HybridOptimizer) else None
-        return plan is not None and not plan.phase.runs_backward
 
     def _mean_over_ranks(self, total: torch.Tensor) -> torch.Tensor:
         """The step's loss averaged over ranks, so every rank feeds the engine the same value."""
@@ -426,16 +420,12 @@ class HybridHFTrainer(Trainer):
         super().create_model_card(*args, **kwargs)
         if self.engine is None or not self.is_world_process_zero():
             return
-        context = card_context(
-            self.engine.stats(), self.engine.metrics(), self.hybrid_args.hybrid_dict(), self.hybrid_timeline
-        )
-        add_hybrid_section(
+        engine, settings = self.engine, self.hybrid_args.hybrid_dict()
+        write_hybrid_section(
             os.path.join(self.args.output_dir, "README.md"),
-            render_section(context),
-            base_model=kwargs.get("finetuned_from"),
-            local_base=None
-            if kwargs.get("finetuned_from")
-            else local_base_model(self.accelerator.unwrap_model(self.model)),
+            card_context(engine.stats(), engine.metrics(), settings, self.hybrid_timeline),
+            finetuned_from=kwargs.get("finetuned_from"),
+            model=self.accelerator.unwrap_model(self.model),
         )
 
 
@@ -482,6 +472,22 @@ def publish_timeline_plot(trainer: HybridHFTrainer) -> None:
         wandb = getattr(callback, "_wandb", None) if isinstance(callback, WandbCallback) else None
         if wandb is not None and getattr(callback, "_initialized", False) and wandb.run is not None:
             log_image_to_wandb(wandb, path, trainer.state.global_step)
+
+
+def unsupported_distribution(trainer: Trainer) -> str | None:
+    """Why predict phases cannot run under the trainer's accelerate set-up (None: they can).
+
+    FSDP2 is supported: its parameters are `DTensor`s sharded on dim 0, which the engine handles
+    shard by shard (`engine/sharding.py`). FSDP1 flattens each wrapped module's parameters into one
+    `FlatParameter` per rank, a plain tensor whose slices the engine cannot tell apart from a whole
+    tensor; DeepSpeed keeps the fp32 master weights inside its optimizer.
+    """
+    if trainer.is_deepspeed_enabled:
+        return _DEEPSPEED_UNSUPPORTED
+    if not trainer.is_fsdp_enabled:
+        return None
+    fsdp_version = getattr(trainer.accelerator.state.fsdp_plugin, "fsdp_version", 1)
+    return _FSDP1_UNSUPPORTED if fsdp_version != 2 else None
 
 
 _DEEPSPEED_UNSUPPORTED = (

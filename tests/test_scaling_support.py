@@ -22,6 +22,7 @@ from hf_hybrid.checkpoint import (
     sharding_problem,
 )
 from hf_hybrid.parameters import bare_name, trainable_parameters
+from hf_hybrid.trainer import unsupported_distribution
 
 
 def test_wrapper_path_components_are_removed_from_parameter_names():
@@ -74,7 +75,7 @@ def test_fsdp2_is_supported(tmp_path, monkeypatch):
     monkeypatch.setattr(
         trainer.accelerator.state, "fsdp_plugin", SimpleNamespace(fsdp_version=2), raising=False
     )
-    assert trainer._unsupported_distribution() is None
+    assert unsupported_distribution(trainer) is None
     assert trainer._shard_world_size() == trainer.accelerator.num_processes
 
 
