@@ -13,6 +13,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from hf_hybrid.cli import main
 from hf_hybrid.data import stdlib_source_files
+from hf_hybrid.demo import closing_line
 
 TRAIN_COMMON = [
     "--report_to", "none",
@@ -94,6 +95,16 @@ def test_demo_tiny_prints_both_rows_and_matching_json(tmp_path, capsys):
     assert rows["plain"]["steps"] == rows["hybrid"]["steps"] == int(plain[1]) == int(hybrid[1])
     assert f"{rows['hybrid']['eval_loss']:.4f}" in hybrid
     assert "hybrid_confidence_threshold" in results["hybrid_settings_not_default"]
+    # the last line: what the table shows, the wall-time ratio beside the noise of two plain runs of the
+    # same steps (plain and plain with the lr burst: the same compute), and the command that judges a trick
+    last = out.strip().splitlines()[-1]
+    noise = abs(rows[spiked[0]]["wall_clock_s"] / rows["plain"]["wall_clock_s"] - 1)
+    assert results["wall_clock_noise"] == pytest.approx(noise)
+    assert f"took {rows['hybrid']['wall_clock_ratio']:.2f}x plain's wall time" in last
+    assert f"were {noise:.1%} apart here: the clock's noise" in last
+    assert f"{rows['hybrid']['eval_loss'] - rows['plain']['eval_loss']:+.4f} in eval loss" in last
+    assert "not a verdict" in last and "hf-hybrid bench --model_name_or_path YOUR_MODEL --dataset" in last
+    assert "no second plain run" in closing_line({**results, "wall_clock_noise": None})  # --no-spike
 
 
 def test_train_builtin_tiny_model_on_stdlib(tmp_path, capsys):
