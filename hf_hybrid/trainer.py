@@ -39,6 +39,7 @@ from .engine.predictor import DeltaPredictor
 from .engine.spike_guard import SpikeGuard
 from .guard_storage import StoragePlan, choose_storage, memory_budget, optimizer_state_bytes
 from .hybrid_arguments import hybrid_name
+from .launch_check import warn_if_launched_alone
 from .model_card import card_context, write_hybrid_section
 from .parameters import trainable_parameters
 from .telemetry import (
@@ -169,6 +170,7 @@ class HybridHFTrainer(_PredictedSteps):
         if peft_config is not None:
             model = _wrap_with_peft(model, peft_config)
         super().__init__(model, args, *more, **kwargs)
+        warn_if_launched_alone(self.args.world_size)
         self.engine: HybridEngine | None = None
         self.hybrid_timeline: list[dict[str, Any]] = []
         self.guard_plan: StoragePlan | None = None  # where the spike guard's copies live, and why
