@@ -19,6 +19,7 @@ predictor buffer or a snapshot cannot be re-split). Unsharded checkpoints keep t
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
@@ -343,10 +345,9 @@ class EngineCheckpoints:
         """Every rank: the state files (each rank its own under FSDP2), the entry, the timeline."""
         shards = engine.shards
         if shards.sharded:
-            entry = save_sharded_engine_state(
-                engine.state_dict(), output_dir, rank=shards.rank, gather=lambda obj: _gather(obj, shards),
-                summary=engine.stats(),
-            )  # fmt: skip
+            gather = functools.partial(_gather, shards=shards)
+            state, stats = engine.state_dict(), engine.stats()
+            entry = save_sharded_engine_state(state, output_dir, shards.rank, gather, summary=stats)
         else:
             entry = save_engine_state(
                 engine.state_dict(), output_dir, write_files=should_save, summary=engine.stats()
@@ -409,8 +410,6 @@ def _cannot_resume(checkpoint: str, problem: str) -> str:
 
 def _gather(obj: Any, shards: Any) -> list[Any]:
     """`obj` of every rank of the engine's shard group, in rank order (a collective)."""
-    import torch.distributed
-
     gathered: list[Any] = [None] * shards.world_size
-    torch.distributed.all_gather_object(gathered, obj, group=shards.group)
+    dist.all_gather_object(gathered, obj, group=shards.group)
     return gathered

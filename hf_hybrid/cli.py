@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 
 from .bench_cli import add_bench_parser, bench_main
+from .data import DataError
 from .recipes import DEFAULT_TASK, TASKS
 
 TASK_FLAG = "--task"
@@ -153,8 +154,6 @@ def train_main(argv: Sequence[str]) -> int:
     task, rest = _split_task(list(argv))
     recipe = importlib.import_module(TASKS[task])
     prog = "hf-hybrid train" if task == DEFAULT_TASK else f"hf-hybrid train {TASK_FLAG} {task}"
-    from .data import DataError
-
     try:
         recipe.main(rest, prog=prog, epilog=_tasks_epilog())
     except DataError as exc:  # a data problem the user can fix: say so without a traceback
@@ -171,8 +170,8 @@ def _split_task(argv: list[str]) -> tuple[str, list[str]]:
             if value not in TASKS:
                 usage = f"hf-hybrid train [{TASK_FLAG} {{{','.join(TASKS)}}}] [--FIELD VALUE ...] | ARGS.yaml"
                 print(f"usage: {usage}", file=sys.stderr)
-                print(f"hf-hybrid train: error: `{TASK_FLAG}` must be one of {list(TASKS)}, got {value!r}",
-                      file=sys.stderr)  # fmt: skip
+                allowed = f"`{TASK_FLAG}` must be one of {list(TASKS)}, got {value!r}"
+                print(f"hf-hybrid train: error: {allowed}", file=sys.stderr)
                 raise SystemExit(2)
             return value, argv[:index] + argv[index + (1 if "=" in item else 2) :]
     return DEFAULT_TASK, argv

@@ -25,6 +25,9 @@ from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
+import jinja2
+from huggingface_hub import ModelCard
+
 from .engine.spike_guard import SpikeGuard
 from .hybrid_arguments import HybridArgumentsMixin
 from .telemetry import measured_step_seconds, measured_time_saved_fraction
@@ -91,8 +94,6 @@ _METRIC_KEYS = ("update_skill", "update_cosine", "update_norm_ratio", "residual_
 
 def render_section(context: Mapping[str, Any]) -> str:
     """The section's Markdown, between the markers that let a later render replace it."""
-    import jinja2
-
     source = files("hf_hybrid").joinpath("templates", TEMPLATE).read_text(encoding="utf-8")
     template = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True).from_string(
         source
@@ -115,8 +116,6 @@ def add_hybrid_section(
     `local_base`: the local directory the model was loaded from when no hub name is known; transformers
     then calls a fine-tune "trained from scratch", and the card says where it came from instead.
     """
-    from huggingface_hub import ModelCard
-
     path = Path(readme)
     card = ModelCard.load(path) if path.exists() else ModelCard("---\n---\n")
     tags = list(card.data.tags or [])

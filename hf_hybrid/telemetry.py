@@ -15,6 +15,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .engine.engine import HybridEngine
+from .engine.timing import PartTimer
+
 logger = logging.getLogger(__name__)
 
 TIMELINE_PLOT_FILE = "hybrid_timeline.png"
@@ -74,9 +77,6 @@ def run_summary(stats: Mapping[str, Any]) -> str:
 def disabled_stats(config: Any) -> dict[str, Any]:
     """`hybrid_stats()` of a run without the engine (`hybrid_enabled=False`, an unsupported set-up): the
     keys of a run that predicted nothing, with zeros, so a script reading them never hits a KeyError."""
-    from .engine.engine import HybridEngine
-    from .engine.timing import PartTimer
-
     return {
         "enabled": False,
         **HybridEngine.stats_without_engine(config),

@@ -21,7 +21,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..data import STDLIB_PACKAGES, STDLIB_PACKAGES_DATASET
+from ..data import (
+    STDLIB_PACKAGES,
+    STDLIB_PACKAGES_DATASET,
+    card_dataset_name,
+    labelled_text_datasets,
+    stdlib_package_snippets,
+    take,
+)
 from .common import PretrainedModelArguments, TextDataArguments, run_recipe
 
 logger = logging.getLogger(__name__)
@@ -145,8 +152,6 @@ def model_path(model_args: ModelArguments) -> str:
 
 def load_datasets(data_args: DataArguments, tokenizer: Any) -> tuple[Any, Any, list[str]]:
     """(train, eval, label names): tokenized texts with a `labels` column."""
-    from ..data import labelled_text_datasets, stdlib_package_snippets, take
-
     if data_args.dataset == STDLIB_PACKAGES_DATASET:
         train, evaluation, names = stdlib_package_snippets(
             chars=data_args.snippet_chars,
@@ -191,8 +196,6 @@ def compute_metrics(prediction: Any) -> dict[str, float]:
 def card_kwargs(model_args: ModelArguments, data_args: DataArguments) -> dict[str, Any]:
     """Model-card fields: the base model always (the packaged MiniLM by its Hub id and licence; a local
     directory would otherwise read "trained from scratch") and the dataset by name."""
-    from ..data import card_dataset_name
-
     card: dict[str, Any] = {
         "tasks": "text-classification",
         "dataset": card_dataset_name(data_args.dataset),

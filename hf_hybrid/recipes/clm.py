@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..data import DataError, card_dataset_name, lm_datasets
 from .common import PretrainedModelArguments, TextDataArguments, run_recipe
 
 logger = logging.getLogger(__name__)
@@ -97,7 +98,6 @@ def build_trainer(model_args: ModelArguments, data_args: DataArguments, training
     """The model, its tokenizer and the blocks, in a HybridHFTrainer."""
     from transformers import default_data_collator
 
-    from ..data import lm_datasets
     from ..trainer import HybridHFTrainer
 
     model, tokenizer = load_model_and_tokenizer(model_args)
@@ -146,8 +146,6 @@ def load_model_and_tokenizer(model_args: ModelArguments) -> tuple[Any, Any]:
 
 def resolve_block_size(data_args: DataArguments, model: Any) -> int:
     """`--block_size`, or the model's context (at most 1024); longer than the context is refused."""
-    from ..data import DataError
-
     limit = next(
         (
             value
@@ -166,8 +164,6 @@ def resolve_block_size(data_args: DataArguments, model: Any) -> int:
 def card_kwargs(model_args: ModelArguments, data_args: DataArguments) -> dict[str, Any]:
     """Model-card fields: the base model whenever one was loaded (transformers names only Hub ids; a
     local directory would read "trained from scratch") and the dataset by name."""
-    from ..data import card_dataset_name
-
     card: dict[str, Any] = {"tasks": "text-generation", "dataset": card_dataset_name(data_args.dataset)}
     if model_args.model_name_or_path is not None:
         card["finetuned_from"] = model_args.model_name_or_path

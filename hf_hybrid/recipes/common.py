@@ -25,6 +25,8 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..hybrid_arguments import HybridArgumentsMixin
+
 logger = logging.getLogger(__name__)
 
 ARGUMENT_FILE_SUFFIXES = (".json", ".yaml", ".yml")
@@ -166,8 +168,6 @@ def grouped_help(
     Built with argparse from the dataclass fields alone, so it imports neither transformers nor torch
     (HfArgumentParser's full help takes seconds and is 750 lines long).
     """
-    from ..hybrid_arguments import HybridArgumentsMixin
-
     parser = argparse.ArgumentParser(
         prog=prog, usage=USAGE, add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter
     )
