@@ -194,7 +194,7 @@ def test_peft_must_be_none_or_lora(files, no_training, peft):
 
 def _bench(files, tmp_path, capsys, *flags: str) -> tuple[int, str]:
     argv = ["bench", "--model_name_or_path", files["model"], "--dataset", files["train"]]
-    argv += ["--task", "sequence_classification", "--label_column", "y", "--max_steps", "4"]
+    argv += ["--task", "sequence_classification", "--label_column", "y", "--max_steps", "8"]
     argv += ["--methods", "plain", "--seeds", "0", "--out", str(tmp_path / "out"), *flags]
     capsys.readouterr()
     code = main(argv)
