@@ -50,7 +50,11 @@ def check_light(args: argparse.Namespace) -> None:
         check_method_names(args.methods)
     _check_protocol_flags(args)
     if args.dataset is not None and args.task_factory is None:
-        columns = [args.text_column] + ([args.label_column] if args.task != "causal_lm" else [])
+        columns = {"--text_column": args.text_column}
+        if args.task != "causal_lm":
+            columns["--label_column"] = args.label_column
+        if getattr(args, "prompt_column", None) is not None:
+            columns["--prompt_column"] = args.prompt_column
         for flag in ("--dataset", "--eval_dataset"):
             path = getattr(args, flag.removeprefix("--"))
             if path is not None:
@@ -97,15 +101,15 @@ def _check_protocol_flags(args: argparse.Namespace) -> None:
         budgets.check()
 
 
-def check_columns(flag: str, path: str, columns: list[str]) -> None:
-    """Refuse a column the file does not have, read from its header alone (nothing when it cannot be told
-    from there: a JSON array, a folder without saved features, a path that does not exist)."""
+def check_columns(flag: str, path: str, columns: dict[str, str]) -> None:
+    """Refuse a column (`{flag naming it: column}`) the file does not have, read from its header alone;
+    nothing when it cannot be told from there (a JSON array, a folder without saved features, a path
+    that does not exist: the options check names that)."""
     found = columns_of(Path(path).expanduser())
     if found is None:
         return
-    for column in columns:
+    for which, column in columns.items():
         if column not in found:
-            which = "--text_column" if column == columns[0] else "--label_column"
             raise DataError(f"`{which}` {column!r} is not a column of {path}; its columns: {found}")
 
 
