@@ -102,6 +102,7 @@ class HybridEngine:
         self.wakefulness = Wakefulness(self.parts)
         self.learner = Learner(self.parts)
         self.phases = PredictPhases(self.parts, probe)
+        self.recovery = StepRecovery(self.parts, self.phases)
         self.plan: StepPlan | None = None
         self.step_number = 0  # the caller's number of the current step (`begin_step`), for log lines
 
@@ -258,64 +259,8 @@ class HybridEngine:
     # ---- recovery: the one place that acts on what went wrong -----------------------------------
 
     def _recover(self, alarms: list[Alarm], step_phase: Phase) -> RecoveryAction:
-        """Perform the action the step's alarms call for (`recovery.choose_action`), and log exactly that."""
-        with self.timer.part("recovery"):
-            phase_was_open = self.phase is not None
-            can_roll_back = self.config.rollback and self.guard.has_snapshot
-            action = choose_action(
-                alarms,
-                phase_open=phase_was_open,
-                can_roll_back=can_roll_back,
-                can_restore=lambda: self.spike_guard.can_restore(self.step_number, _spikes(alarms)),
-            )
-            self.last_level = worst_level(alarms)
-            if action is RecoveryAction.ROLLBACK:
-                with self.timer.part("snapshot"):
-                    self.watch.reset_to(self.guard.restore_snapshot())
-                self.corrector.penalize()
-                self.counters.add("rollbacks")
-                self.phases.end(PhaseEnd.ROLLED_BACK)
-                self._force_full()
-            elif action is RecoveryAction.RESTORE:
-                self._restore(alarms)
-            elif action is RecoveryAction.SKIP:
-                if any(a.takes_back for a in alarms):
-                    self._take_back()
-                if any(a.spike for a in alarms):
-                    self.spike_guard.skipped(self.step_number)
-                self.counters.add("skipped_updates")
-                self._force_full()
-            elif action is RecoveryAction.FORCE_FULL:
-                if self.phase is not None:
-                    self.phases.end(PhaseEnd.ABANDONED)
-                self._force_full()
-            elif action is RecoveryAction.SHORTEN_HORIZON:
-                self.controller.shorten()
-            if action is not RecoveryAction.CONTINUE:
-                text, notable = describe(action, alarms, self.schedule.full_steps, phase_was_open)
-                _log_action(self.step_number, step_phase, action, text, notable)
-        return action
-
-    def _restore(self, alarms: list[Alarm]) -> None:
-        """The spike guard puts its copy back; the predictors forget the updates they saw since (the
-        spike's among them) and measure the next real update from the restored weights."""
-        with self.timer.part("spike_guard"):
-            self.spike_guard.restore(self.step_number, _spikes(alarms))
-            self.watch.reset_to({name: local(p).detach() for name, p in self.params.items()})
-            self.watch.reset()
-        self._force_full()
-
-    def _take_back(self) -> None:
-        """The spike guard puts back the state of before the step whose update it judged outsized; the
-        predictors forget that update, as after a restore."""
-        with self.timer.part("spike_guard"):
-            self.spike_guard.take_back(self.step_number)
-            self.watch.reset_to({name: local(p).detach() for name, p in self.params.items()})
-            self.watch.reset()
-
-    def _force_full(self) -> None:
-        self.counters.add("forced_full")
-        self.controller.force_full(self.schedule.full_steps)
+        """Perform the action the step's alarms call for, and log exactly that (`StepRecovery`)."""
+        return self.recovery.act(alarms, step_phase, self.step_number)
 
     def _outcome(
         self, phase: Phase, loss: float | None, applied: bool, alarms: list[Alarm], action: RecoveryAction
@@ -406,6 +351,79 @@ class HybridEngine:
         self.parts.load_state_dict(state)
         self.phases.load_state_dict(state)
         self.plan = None
+
+
+class StepRecovery:
+    """The one place that acts on what went wrong: it performs the action a step's alarms call for
+    (`recovery.choose_action`) on the engine's parts, and logs exactly that."""
+
+    def __init__(self, parts: EngineParts, phases: PredictPhases) -> None:
+        self.parts = parts
+        self.phases = phases
+
+    def act(self, alarms: list[Alarm], step_phase: Phase, step: int) -> RecoveryAction:
+        """Choose and perform the action for `step`'s alarms (the caller's step number, for the log)."""
+        parts = self.parts
+        with parts.timer.part("recovery"):
+            phase_was_open = self.phases.current is not None
+            action = choose_action(
+                alarms,
+                phase_open=phase_was_open,
+                can_roll_back=parts.config.rollback and parts.guard.has_snapshot,
+                can_restore=lambda: parts.spike_guard.can_restore(step, _spikes(alarms)),
+            )
+            parts.last_level = worst_level(alarms)
+            if action is RecoveryAction.ROLLBACK:
+                with parts.timer.part("snapshot"):
+                    parts.watch.reset_to(parts.guard.restore_snapshot())
+                parts.corrector.penalize()
+                parts.counters.add("rollbacks")
+                self.phases.end(PhaseEnd.ROLLED_BACK)
+                self._force_full()
+            elif action is RecoveryAction.RESTORE:
+                self._restore(alarms, step)
+            elif action is RecoveryAction.SKIP:
+                if any(a.takes_back for a in alarms):
+                    self._take_back(step)
+                if any(a.spike for a in alarms):
+                    parts.spike_guard.skipped(step)
+                parts.counters.add("skipped_updates")
+                self._force_full()
+            elif action is RecoveryAction.FORCE_FULL:
+                if self.phases.current is not None:
+                    self.phases.end(PhaseEnd.ABANDONED)
+                self._force_full()
+            elif action is RecoveryAction.SHORTEN_HORIZON:
+                parts.controller.shorten()
+            if action is not RecoveryAction.CONTINUE:
+                full_steps = parts.config.schedule.full_steps
+                text, notable = describe(action, alarms, full_steps, phase_was_open)
+                _log_action(step, step_phase, action, text, notable)
+        return action
+
+    def _restore(self, alarms: list[Alarm], step: int) -> None:
+        """The spike guard puts its copy back; the predictors forget the updates they saw since (the
+        spike's among them) and measure the next real update from the restored weights."""
+        with self.parts.timer.part("spike_guard"):
+            self.parts.spike_guard.restore(step, _spikes(alarms))
+            self._forget_updates()
+        self._force_full()
+
+    def _take_back(self, step: int) -> None:
+        """The spike guard's update check puts back the weights of before the outsized update (the optimizer
+        keeps what it learnt from the gradients); the predictors forget that update, as after a restore."""
+        with self.parts.timer.part("spike_guard"):
+            self.parts.spike_guard.take_back(step)
+            self._forget_updates()
+
+    def _forget_updates(self) -> None:
+        watch = self.parts.watch
+        watch.reset_to({name: local(p).detach() for name, p in self.parts.params.items()})
+        watch.reset()
+
+    def _force_full(self) -> None:
+        self.parts.counters.add("forced_full")
+        self.parts.controller.force_full(self.parts.config.schedule.full_steps)
 
 
 def engine_stats(
