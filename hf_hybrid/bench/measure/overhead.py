@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import TrainerCallback
+from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback
 
 from ...data import BYTE_VOCAB_SIZE
 from ..runner import PresetRun, RunResult, run, run_trial
@@ -54,14 +54,18 @@ LLAMA = "llama_3l"
 def llama_task(size: str) -> BenchTask:
     """A 3-layer, 128-wide Llama configuration from scratch, on `clm_stdlib`'s byte-level data and budget
     at that size (another architecture: RMSNorm, rotary embeddings, gated MLP, untied head)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     shape = get_task("clm_stdlib").size(size)
     train, evaluation = clm_data(shape)
     config = LlamaConfig(
-        vocab_size=BYTE_VOCAB_SIZE, hidden_size=128, intermediate_size=352, num_hidden_layers=3,
-        num_attention_heads=4, max_position_embeddings=shape.seq_len, bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
+        vocab_size=BYTE_VOCAB_SIZE,
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        max_position_embeddings=shape.seq_len,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
 
     def build(seed: int) -> torch.nn.Module:
         torch.manual_seed(seed)
