@@ -26,8 +26,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from peft import PeftModel, get_peft_model
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.integrations import WandbCallback
 
 from .args import HybridArgumentsMixin, upcast_training_args
 from .checkpoint import EngineCheckpoints, last_complete_checkpoint
@@ -104,8 +107,6 @@ class _PredictedSteps(Trainer):
         """
         if not self.is_fsdp_enabled:
             return
-        from torch.distributed.fsdp import FSDPModule
-
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.reshard()
@@ -468,8 +469,6 @@ def publish_timeline_plot(trainer: HybridHFTrainer) -> None:
     except (ImportError, OSError) as exc:  # the trained model matters more than its plot
         logger.warning("hf_hybrid: could not write the phase-timeline plot: %r", exc)
         return
-    from transformers.integrations import WandbCallback
-
     for callback in trainer.callback_handler.callbacks:
         wandb = getattr(callback, "_wandb", None) if isinstance(callback, WandbCallback) else None
         if wandb is not None and getattr(callback, "_initialized", False) and wandb.run is not None:
@@ -623,8 +622,6 @@ def _check_not_empty(dataset: Any) -> None:
 
 
 def _wrap_with_peft(model: nn.Module | None, peft_config: Any) -> nn.Module:
-    from peft import PeftModel, get_peft_model
-
     if model is None:
         raise ValueError("`peft_config` needs a `model` to wrap")
     if isinstance(model, PeftModel):
