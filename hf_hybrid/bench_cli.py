@@ -8,8 +8,11 @@ Your task: `--model_name_or_path` and `--dataset` (or `--task_factory module:fun
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
+
+from .data import DataError
 
 SUITE_CHOICES = ("tiny", "quick", "full")
 TASK_TYPES = ("causal_lm", "sequence_classification")
@@ -242,22 +245,17 @@ def bench_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 def _fixable(exc: ValueError) -> bool:
     """A DataError or a MethodError. The methods (torch) are not imported to ask: a MethodError can only
     exist once its module is, and a misspelt method is refused before anything heavy is imported."""
-    from .data import DataError
-
     methods = sys.modules.get("hf_hybrid.bench.methods.base")
     return isinstance(exc, DataError) or (methods is not None and isinstance(exc, methods.MethodError))
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    import os
-
     if os.getcwd() not in sys.path:  # `module.path:Name` methods and task factories from the user's folder
         sys.path.insert(0, os.getcwd())
-    from .bench.precheck import check_light, check_specs
+    from .bench.precheck import check_light
 
     check_light(args)  # before anything heavy is imported or read: a misspelt method is refused at once
-    from .bench import SUITES, quiet_libraries
-    from .data import DataError
+    from .bench import SUITES, parse_methods, quiet_libraries
 
     if args.list_methods:
         print(_methods_text())
@@ -267,7 +265,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     own = args.model_name_or_path is not None or args.task_factory is not None or args.dataset is not None
     if args.overhead:
         return _overhead(args)
-    check_specs(methods)  # every spec read as the arena will, still before the data
+    parse_methods(methods)  # every spec read as the arena will, still before the data
     if args.faults is not None:
         return _faults(args, own)
     if own:
@@ -317,7 +315,6 @@ def _arena(args: argparse.Namespace, task: Any, methods: list[str], fields: dict
 def _methods(args: argparse.Namespace) -> list[str]:
     from .bench import DEFAULT_METHODS
     from .bench.overrides import parse_hybrid_overrides
-    from .data import DataError
 
     methods = list(args.methods or DEFAULT_METHODS)
     if args.hybrid:
@@ -351,7 +348,6 @@ def _protocol_fields(args: argparse.Namespace, **defaults: Any) -> dict[str, Any
 
 def _own_task(args: argparse.Namespace) -> Any:
     from .bench.user_task import UserTaskOptions, build_user_task
-    from .data import DataError
 
     if args.task_factory is not None:
         return task_from_factory(args)
@@ -383,7 +379,6 @@ def task_from_factory(args: argparse.Namespace) -> Any:
     from .bench import BenchTask
     from .bench.methods.specs import import_object
     from .bench.recipe import factory_recipe
-    from .data import DataError
 
     factory = import_object(args.task_factory)
     task = factory() if callable(factory) else None
@@ -428,7 +423,6 @@ def _faults(args: argparse.Namespace, own: bool) -> int:
     from .bench import SUITES
     from .bench.measure.faults import FAULTS, GUARDED, run_faults
     from .bench.tasks import preset
-    from .data import DataError
 
     arms = _methods(args) if args.methods else ["plain", GUARDED]
     suite = SUITES[args.suite or "quick"]

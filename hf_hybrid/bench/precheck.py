@@ -1,14 +1,12 @@
 """What `hf-hybrid bench` refuses before it loads a model or reads more than the first line of a file.
 
-A misspelt method must not wait for 100,000 rows to be read and tokenized. Two stages, both before any
-data work (`bench_cli._dispatch` calls them in turn):
-
-- `check_light` (the standard library only: no torch, no transformers): every method's name against the
-  built-in names (`hybird` is refused with the list), a method listed twice, the protocol's flags and the
-  budget's geometry, and the columns your task names against a CSV's header, a JSON-lines file's first
-  record or a `save_to_disk` folder's saved features;
-- `check_specs` (imports the methods, so torch and transformers: seconds): every spec read as the arena
-  will read it: its options, a `module.path:Name` import, the null controls `null` asks for.
+A misspelt method must not wait for 100,000 rows to be read and tokenized. `check_light` runs first in
+`bench_cli._dispatch` and imports nothing heavy (no torch, no transformers): every method's name against
+the built-in names (`hybird` is refused with the list), a method listed twice, the protocol's flags and
+the budget's geometry, and the columns your task names against a CSV's header, a JSON-lines file's first
+record or a `save_to_disk` folder's saved features. Then, still before the data, `_dispatch` reads every
+spec as the arena will (`arena.parse_methods`: its options, a `module.path:Name` import, the null
+controls `null` asks for), which imports the methods (torch, transformers: seconds).
 
 A JSON-lines file's columns are its first record's keys. What needs the model itself (whether `freeze:k`
 leaves anything to train) is checked when the arena builds its first model, after the data is read.
@@ -62,7 +60,7 @@ def check_light(args: argparse.Namespace) -> None:
 
 
 def check_method_names(specs: list[str]) -> None:
-    """Each spec names a built-in method or looks like `module.path:Name` (imported by `check_specs`)."""
+    """Each spec names a built-in method or has the form `module.path:Name` (imported before the data)."""
     if len(set(specs)) != len(specs):
         raise DataError(f"`--methods` lists a method twice: {list(specs)}")
     for spec in specs:
@@ -73,13 +71,6 @@ def check_method_names(specs: list[str]) -> None:
             f"unknown method {spec!r}; methods: {', '.join(BUILTIN_METHODS)}, or module.path:Name of a "
             "Trainer subclass or TrainerCallback (`hf-hybrid bench --list_methods` describes them)"
         )
-
-
-def check_specs(methods: list[str]) -> None:
-    """Every spec parsed as the arena will parse it (options, imports, `null`), before the data."""
-    from .arena import parse_methods
-
-    parse_methods(methods)
 
 
 def _check_protocol_flags(args: argparse.Namespace) -> None:
