@@ -65,6 +65,18 @@ def _task_flags(bench: argparse.ArgumentParser) -> None:
         "--max_train_samples", type=int, default=None, help="use at most this many training rows"
     )
     task.add_argument("--max_eval_samples", type=int, default=None, help="use at most this many eval rows")
+    task.add_argument(
+        "--lm_examples",
+        choices=("blocks", "rows"),
+        default="blocks",
+        help="causal_lm: the text concatenated and cut into blocks of --max_length, or each row one example "
+        "padded per batch (what packing and group_by_length work on) (default: %(default)s)",
+    )
+    task.add_argument(
+        "--prompt_column",
+        default=None,
+        help="causal_lm: each row a prompt (its labels -100) and its --text_column answer (implies rows)",
+    )
     task.add_argument("--task_factory", metavar="MODULE:FUNCTION", help="a function returning a BenchTask")
 
 
@@ -370,6 +382,8 @@ def _own_task(args: argparse.Namespace) -> Any:
         learning_rate=args.learning_rate,
         max_train_samples=args.max_train_samples,
         max_eval_samples=args.max_eval_samples,
+        lm_examples=args.lm_examples,
+        prompt_column=args.prompt_column,
     )
 
     return build_user_task(options)

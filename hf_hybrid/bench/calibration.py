@@ -5,7 +5,9 @@ checked predicted step and a selective step's scoring pass run). A plain step (f
 optimizer) costs what it measures, not the 3 units of the textbook rule: on a small CPU model the
 backward costs 0.64 forwards. A blind step (no pass over the model) costs 0 units: what it does spend
 (an update of the weights) shows in the time column. A method's own kinds are priced by running the
-method itself for a few steps (`Method.calibration_variant`).
+method itself for a few steps (`Method.calibration_variant`). On a task priced per token
+(`methods.base.prices_tokens`) each timed kind also gets a price per token: its timed steps' seconds over
+the tokens they processed, padding included.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import torch
 
 from .methods import BLIND, FORWARD, STEP, Method, TrialContext, parse_method
+from .methods.base import token_kind
 from .runner import StepTimer, quiet
 from .task import BenchTask
 
@@ -76,16 +79,14 @@ def calibrate(
     calibration = known or Calibration(forward_seconds=_forward_seconds(task, seed, warm_steps, timed_steps))
     calibration.steps = calibration.steps or timed_steps
     if STEP not in calibration.step_seconds:
-        calibration.step_seconds[STEP] = _step_seconds(
-            task, parse_method("plain"), seed, warm_steps, timed_steps
-        )
+        _price_kind(calibration, STEP, task, parse_method("plain"), seed, warm_steps, timed_steps)
     for method in methods:
         for kind in method.own_kinds():
             if kind in calibration.step_seconds:
                 continue
             try:
                 variant = method.calibration_variant(kind)
-                calibration.step_seconds[kind] = _step_seconds(task, variant, seed, warm_steps, timed_steps)
+                _price_kind(calibration, kind, task, variant, seed, warm_steps, timed_steps)
             except Exception as exc:  # the arena reports the method and goes on with the others
                 if failures is None:
                     raise
@@ -105,13 +106,27 @@ def _context(task: BenchTask, seed: int, steps: int, output_dir: str, timer: Ste
     )
 
 
-def _step_seconds(task: BenchTask, method: Method, seed: int, warm: int, timed: int) -> float:
-    """Mean time of a method's optimizer steps after `warm` untimed ones."""
+def _price_kind(
+    calibration: Calibration, kind: str, task: BenchTask, method: Method, seed: int, warm: int, timed: int
+) -> None:
+    """Price `kind` by timing `method`'s steps; where the run counted its tokens, its token kind too: the
+    timed steps' seconds over their tokens."""
+    seconds, tokens = _step_seconds(task, method, seed, warm, timed)
+    calibration.step_seconds[kind] = statistics.fmean(seconds)
+    if all(tokens):
+        calibration.step_seconds[token_kind(kind)] = sum(seconds) / sum(tokens)
+
+
+def _step_seconds(
+    task: BenchTask, method: Method, seed: int, warm: int, timed: int
+) -> tuple[list[float], list[int]]:
+    """The times of a method's optimizer steps after `warm` untimed ones, and the tokens each trained on
+    (0 where the Trainer does not count them)."""
     timer = StepTimer()
     with tempfile.TemporaryDirectory() as tmp:
         trainer = quiet(method.build(_context(task, seed, warm + timed, tmp, timer)))
         trainer.train()
-    return statistics.fmean(timer.seconds[warm:])
+    return list(timer.seconds[warm:]), list(timer.tokens[warm:])
 
 
 def _forward_seconds(task: BenchTask, seed: int, warm: int, timed: int) -> float:

@@ -157,13 +157,16 @@ class StopAt(TrainerCallback):
 
 
 class StepTimer(TrainerCallback):
-    """The clock time of each optimizer step (first micro-batch to step end): what calibration prices."""
+    """The clock time of each optimizer step (first micro-batch to step end), and the tokens it trained on
+    where the Trainer counts them (0 elsewhere): what calibration prices."""
 
     def __init__(self) -> None:
         self.cuda = torch.cuda.is_available()
         self.clock = time.perf_counter if self.cuda else time.process_time
         self.began = 0.0
+        self.tokens_before = 0
         self.seconds: list[float] = []
+        self.tokens: list[int] = []
 
     def _now(self) -> float:
         if self.cuda:
@@ -171,10 +174,12 @@ class StepTimer(TrainerCallback):
         return self.clock()
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.tokens_before = state.num_input_tokens_seen
         self.began = self._now()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.seconds.append(self._now() - self.began)
+        self.tokens.append(int(state.num_input_tokens_seen - self.tokens_before))
 
 
 def quiet_libraries() -> None:

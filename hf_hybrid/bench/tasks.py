@@ -9,6 +9,8 @@ Each is a preset of `BenchTask` at a size (`tiny` for tests, `quick`, `full`): `
 - `decoder_ft` / `decoder_lora`: a 4x256 byte-level GPT-2 pretrained here on the stdlib source
   (`decoder.py`, cached), loaded with `from_pretrained` and fine-tuned on Python's reference
   documentation (English prose it never saw): in full, or with LoRA r=8 on the attention projections.
+- `instruct_docstrings` (`instruct.py`): the same decoder fine-tuned on instruction pairs of varied length
+  (a signature, then its docstring's summary), padded per batch and priced per token.
 - `clm_gpt2_124m`: GPT-2's own 124M configuration from scratch on the byte-level stdlib corpus; a size
   for a GPU, not for these CPUs.
 """
@@ -25,6 +27,7 @@ from torch import nn
 
 from ..data import stdlib_lm_datasets, stdlib_package_snippets
 from ..tiny_models import tiny_gpt2
+from .instruct import INSTRUCT_PRESET, INSTRUCT_SIZES
 from .task import BenchTask
 
 SIZES = ("tiny", "quick", "full")
@@ -51,6 +54,7 @@ class Task:
     model: Callable[[TaskSize, int], nn.Module]
     task_type: str = "causal_lm"
     weight_decay: float = 0.0
+    finish: Callable[[BenchTask, TaskSize], None] | None = None  # a preset's own collator, eval clusters
 
     def size(self, name: str) -> TaskSize:
         if name not in self.sizes:
@@ -64,7 +68,7 @@ class Task:
         """This preset at a size, as the arena runs it (the data built once, a model per seed)."""
         size = self.size(size_name)
         train, evaluation = self.data(size)
-        return BenchTask(
+        task = BenchTask(
             name=self.name,
             task_type=self.task_type,
             build_model=lambda seed: self.model(size, seed),
@@ -82,6 +86,9 @@ class Task:
                 "seq_len": size.seq_len,
             },
         )
+        if self.finish is not None:
+            self.finish(task, size)
+        return task
 
 
 @lru_cache(maxsize=4)
@@ -260,6 +267,7 @@ TASKS: dict[str, Task] = {
             data=clm_data,
             model=_gpt2_124m,
         ),
+        Task(**INSTRUCT_PRESET, sizes={name: TaskSize(**size) for name, size in INSTRUCT_SIZES.items()}),
     )
 }
 

@@ -3,9 +3,11 @@
 `--dataset` is a CSV, JSON-lines or plain-text file (`datasets.load_dataset("csv"|"json"|"text")`) or a
 folder written by `save_to_disk` (`load_from_disk`); the eval set is `--eval_dataset` or a held-out
 `--eval_fraction` of it (seed 0). Text goes through the model's own `AutoTokenizer`: a causal LM's text is
-concatenated and cut into blocks of `max_length` tokens (as `run_clm.py` does), a classifier's texts are
-truncated to `max_length` and padded per batch. String labels are numbered in sorted order and the
-mapping is written to `labels.json` beside the results.
+concatenated and cut into blocks of `max_length` tokens (as `run_clm.py` does), or, with `--lm_examples rows`
+or a `--prompt_column`, each row is one example (its prompt's labels -100, the tokenizer's EOS appended,
+cut at `max_length`), padded per batch and priced per token, as packing and length grouping need; a
+classifier's texts are truncated to `max_length` and padded per batch. String labels are numbered in sorted
+order and the mapping is written to `labels.json` beside the results.
 """
 
 from __future__ import annotations
@@ -16,13 +18,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..data import DataError
+import torch
+from datasets import ClassLabel, DatasetDict, load_dataset, load_from_disk
+from peft import LoraConfig, TaskType, get_peft_model
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    DataCollatorWithPadding,
+)
+from transformers.utils import logging as hf_logging
+
+from ..data import DataError, group_into_blocks
+from .methods.packing import IGNORE, PadToLongest, length_spread
 from .task import TASK_TYPES, BenchTask
 
 logger = logging.getLogger(__name__)
 
 FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".txt": "text"}
 PEFT_CHOICES = ("none", "lora")
+LM_EXAMPLES = ("blocks", "rows")
 
 
 @dataclass(frozen=True)
@@ -43,6 +59,13 @@ class UserTaskOptions:
     learning_rate: float | None = None
     max_train_samples: int | None = None
     max_eval_samples: int | None = None
+    lm_examples: str = "blocks"  # causal_lm: text cut into blocks, or each row one example
+    prompt_column: str | None = None  # causal_lm: each row a prompt (not scored) and its text
+
+    @property
+    def rows(self) -> bool:
+        """A causal LM whose every row is one example (of its own length)."""
+        return self.task == "causal_lm" and (self.lm_examples == "rows" or self.prompt_column is not None)
 
     def check(self) -> None:
         """Refuse what cannot work, naming the flag, the value and what is allowed."""
@@ -50,6 +73,10 @@ class UserTaskOptions:
             raise DataError(f"`--task` must be one of {list(TASK_TYPES)}, got {self.task!r}")
         if self.peft not in PEFT_CHOICES:
             raise DataError(f"`--peft` must be one of {list(PEFT_CHOICES)}, got {self.peft!r}")
+        if self.lm_examples not in LM_EXAMPLES:
+            raise DataError(f"`--lm_examples` must be one of {list(LM_EXAMPLES)}, got {self.lm_examples!r}")
+        if self.task != "causal_lm" and (self.prompt_column is not None or self.lm_examples != "blocks"):
+            raise DataError("`--prompt_column` and `--lm_examples` are for `--task causal_lm`")
         if not 0 < self.eval_fraction < 1:
             raise DataError(f"`--eval_fraction` must be in (0, 1), got {self.eval_fraction}")
         for name in ("max_length", "per_device_train_batch_size", "per_device_eval_batch_size", "lora_r"):
@@ -76,7 +103,6 @@ def check_model_path(name_or_path: str) -> None:
         return
     if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
         raise DataError(f"`--model_name_or_path` {name_or_path} does not exist")
-    from transformers import AutoConfig
 
     try:
         AutoConfig.from_pretrained(name_or_path)
@@ -100,7 +126,6 @@ def check_data_path(flag: str, path: str) -> None:
 
 def read_table(flag: str, path: str) -> tuple[Any, Any]:
     """(rows, rows of a ready-made eval split or None) of a file or a `save_to_disk` folder."""
-    from datasets import DatasetDict, load_dataset, load_from_disk
 
     p = Path(path).expanduser()
     if p.is_dir():
@@ -126,7 +151,6 @@ def build_user_task(options: UserTaskOptions) -> BenchTask:
     """Load and check everything, tokenize once; the model is built per seed by the returned task. A
     classifier's label names are in its `info` (the arena writes `labels.json` once it accepts every input).
     Without `learning_rate` the arena's range test sets it."""
-    from transformers import AutoTokenizer
 
     options.check()
     train_rows, eval_rows, ready_eval = _rows(options)
@@ -143,11 +167,7 @@ def build_user_task(options: UserTaskOptions) -> BenchTask:
         "max_length": options.max_length,
     }
     if options.task == "causal_lm":
-        train, evaluation = (
-            _lm_blocks(rows, tokenizer, options, name)
-            for rows, name in ((train_rows, "train"), (eval_rows, "eval"))
-        )
-        collator = None
+        train, evaluation, collator = _causal_lm(train_rows, eval_rows, tokenizer, options, info)
         num_labels = None
     else:
         names = _label_names(train_rows, options.label_column)
@@ -156,7 +176,6 @@ def build_user_task(options: UserTaskOptions) -> BenchTask:
             _classification(rows, tokenizer, options, names, split)
             for rows, split in ((train_rows, "train"), (eval_rows, "eval"))
         )
-        from transformers import DataCollatorWithPadding
 
         collator = DataCollatorWithPadding(tokenizer)
         num_labels = len(names)
@@ -179,7 +198,11 @@ def build_user_task(options: UserTaskOptions) -> BenchTask:
 def _rows(options: UserTaskOptions) -> tuple[Any, Any, Any]:
     """(train rows, eval rows, the dataset's own eval split or None), each checked for its columns."""
     train_rows, ready_eval = read_table("--dataset", options.dataset)
-    columns = [options.text_column] + ([options.label_column] if options.task != "causal_lm" else [])
+    columns = {options.text_column: "--text_column"}
+    if options.task != "causal_lm":
+        columns[options.label_column] = "--label_column"
+    if options.prompt_column is not None:
+        columns[options.prompt_column] = "--prompt_column"
     _check_columns("--dataset", options.dataset, train_rows, columns)
     if options.eval_dataset is not None:
         eval_rows, _ = read_table("--eval_dataset", options.eval_dataset)
@@ -203,9 +226,6 @@ def _rows(options: UserTaskOptions) -> tuple[Any, Any, Any]:
 def load_model(options: UserTaskOptions, seed: int, num_labels: int | None, tokenizer: Any) -> Any:
     """A fresh model for `seed`: the pretrained weights, a new head (classification) and adapters (LoRA)
     drawn from the seed."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
-    from transformers.utils import logging as hf_logging
 
     torch.manual_seed(seed)
     verbosity = hf_logging.get_verbosity()
@@ -223,8 +243,6 @@ def load_model(options: UserTaskOptions, seed: int, num_labels: int | None, toke
     finally:
         hf_logging.set_verbosity(verbosity)
     if options.peft == "lora":
-        from peft import LoraConfig, TaskType, get_peft_model
-
         task_type = TaskType.CAUSAL_LM if options.task == "causal_lm" else TaskType.SEQ_CLS
         torch.manual_seed(seed)
         model = get_peft_model(
@@ -233,12 +251,12 @@ def load_model(options: UserTaskOptions, seed: int, num_labels: int | None, toke
     return model
 
 
-def _check_columns(flag: str, path: str, rows: Any, columns: list[str]) -> None:
+def _check_columns(flag: str, path: str, rows: Any, columns: dict[str, str]) -> None:
+    """`columns`: each column the task reads, and the flag that named it."""
     if len(rows) == 0:
         raise DataError(f"`{flag}` {path} is empty (0 rows)")
-    for column in columns:
+    for column, which in columns.items():
         if column not in rows.column_names:
-            which = "--text_column" if column == columns[0] else "--label_column"
             raise DataError(
                 f"`{which}` {column!r} is not a column of {path}; its columns: {rows.column_names}"
             )
@@ -250,8 +268,64 @@ def _take(rows: Any, limit: int | None) -> Any:
     return rows.shuffle(seed=0).select(range(limit))
 
 
+def _causal_lm(
+    train_rows: Any, eval_rows: Any, tokenizer: Any, options: UserTaskOptions, info: dict[str, Any]
+) -> tuple[Any, Any, Any]:
+    """(train, eval, collator) of a causal LM: blocks of one length (the default collator), or one example
+    per row padded per batch, whose length spread goes in `info` (where it has no padding, packing has
+    nothing to remove: `methods.packing.nothing_to_gain`)."""
+    if not options.rows:
+        train, evaluation = (
+            _lm_blocks(r, tokenizer, options, name)
+            for r, name in ((train_rows, "train"), (eval_rows, "eval"))
+        )
+        return train, evaluation, None
+    train, evaluation = (
+        _lm_rows(r, tokenizer, options, name) for r, name in ((train_rows, "train"), (eval_rows, "eval"))
+    )
+    spread = length_spread([len(ids) for ids in train["input_ids"]], options.per_device_train_batch_size)
+    info.update(
+        lm_examples="rows",
+        prompt_column=options.prompt_column,
+        lengths=spread.quantiles,
+        padding_share=round(spread.padding_share, 4),
+    )
+    logger.info("hf_hybrid: %s", spread.describe())
+    collator = PadToLongest(pad_token_id=tokenizer.pad_token_id or 0)
+    return train, evaluation, collator
+
+
+def _lm_rows(rows: Any, tokenizer: Any, options: UserTaskOptions, split: str) -> Any:
+    """Each row one example: its prompt (labels -100), its text and the tokenizer's EOS, cut at
+    `max_length`; a row with no text token left inside `max_length` is dropped."""
+    text, prompt, eos = options.text_column, options.prompt_column, tokenizer.eos_token_id
+
+    def encode(batch: dict[str, list[Any]]) -> dict[str, list[list[int]]]:
+        bodies = [t if isinstance(t, str) else "" for t in batch[text]]
+        texts = tokenizer(bodies, add_special_tokens=False)["input_ids"]
+        prompts = (
+            tokenizer([str(p) for p in batch[prompt]], add_special_tokens=False)["input_ids"]
+            if prompt is not None
+            else [[] for _ in texts]
+        )
+        out: dict[str, list[list[int]]] = {"input_ids": [], "labels": []}
+        for head, body in zip(prompts, texts, strict=True):
+            ids = [*head, *body, *([eos] if eos is not None else [])][: options.max_length]
+            if len(ids) > len(head) + (0 if head else 1):  # something to predict
+                out["input_ids"].append(ids)
+                out["labels"].append([IGNORE] * len(head) + ids[len(head) :])
+        return out
+
+    examples = rows.map(encode, batched=True, batch_size=1000, remove_columns=rows.column_names)
+    if len(examples) == 0:
+        raise DataError(
+            f"no {split} row of {options.dataset} has a `{text}` token within `--max_length` "
+            f"{options.max_length}"
+        )
+    return examples
+
+
 def _lm_blocks(rows: Any, tokenizer: Any, options: UserTaskOptions, split: str) -> Any:
-    from ..data import group_into_blocks
 
     column = options.text_column
 
@@ -271,7 +345,6 @@ def _lm_blocks(rows: Any, tokenizer: Any, options: UserTaskOptions, split: str) 
 
 
 def _label_names(rows: Any, column: str) -> list[str]:
-    from datasets import ClassLabel
 
     feature = rows.features[column]
     # a ClassLabel keeps its own numbering; other labels are numbered in sorted order
@@ -282,7 +355,6 @@ def _label_names(rows: Any, column: str) -> list[str]:
 
 
 def _classification(rows: Any, tokenizer: Any, options: UserTaskOptions, names: list[str], split: str) -> Any:
-    from datasets import ClassLabel
 
     column, text = options.label_column, options.text_column
     feature = rows.features[column]

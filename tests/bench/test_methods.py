@@ -27,7 +27,7 @@ class TestMethodSpecs:
         [
             (
                 "frobnicate",
-                r"unknown method 'frobnicate'; methods: .*dropbp, freeze, hybrid.*selective-backprop",
+                r"unknown method 'frobnicate'; methods: .*dropbp, freeze, .*packing.*selective-backprop",
             ),
             ("freeze:k=-1", r"'freeze:k=-1': `k` must be >= 0, got '-1'"),
             ("freeze", r"give the number of blocks, e.g. freeze:3"),

@@ -6,7 +6,8 @@
     register_method(MyMethod)            # MyMethod.name is then a spec like the built-ins
 
 Built-ins: `plain`, `hybrid`, `hybrid-predict`, `null`, `freeze`, `selective-backprop`, `dropbp`, `args`,
-`peft`, registered here (each built-in module imports only `base`).
+`peft`, `packing`, `packing-naive`, `group_by_length`, registered here (each built-in module imports only
+`base`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from .base import BLIND, BRANCHED, CONSTANT, FORWARD, SEPARATE_RUNS, STEP, Metho
 from .builtin import Hybrid, HybridPredict, NullHybrid, Plain, TrainingArgumentsOverride
 from .dropbp import DropBP
 from .freeze import Freeze
+from .packing import GroupByLength, NaivePacking, Packing
 from .peft_lora import PeftAdapters
 from .registry import (
     NULL,
@@ -38,6 +40,9 @@ for _method in (
     SelectiveBackprop,
     DropBP,
     PeftAdapters,
+    Packing,
+    NaivePacking,
+    GroupByLength,
 ):
     builtin(_method)
 

@@ -5,7 +5,9 @@ its final eval loss and its cost are set against the plain `Trainer`'s frontier.
 *kinds* of steps (`step_counts`): `step` (a plain step: forward, backward, optimizer), `forward` (a
 forward pass alone), `blind` (no pass over the model at all), or kinds of its own, whose cost the arena
 measures by running the method itself for a few steps (`own_kinds`, `calibration_variant`). Nothing is
-assumed: on a small CPU model a backward costs 0.64 forwards, not 2.
+assumed: on a small CPU model a backward costs 0.64 forwards, not 2. On a task whose batches vary in shape
+(`prices_tokens`) a step's kind is counted in the tokens it processed, padding included (`token_kind`):
+what packing and length grouping save is padding, which a price per step cannot see.
 """
 
 from __future__ import annotations
@@ -19,7 +21,29 @@ if TYPE_CHECKING:
 
     from ..task import BenchTask
 
-STEP, FORWARD, BLIND = "step", "forward", "blind"
+STEP, FORWARD, BLIND, TOKEN = "step", "forward", "blind", "token"
+
+
+def prices_tokens(task: BenchTask) -> bool:
+    """Whether `task` is priced per token processed (padding included) instead of per step: a task whose
+    batches vary in shape (its collator pads each batch to its longest example, `PadToLongest`), where a
+    fixed price per step would charge a packed or length-grouped step what a padded one costs."""
+    return bool(getattr(task.data_collator, "prices_tokens", False))
+
+
+def token_kind(kind: str) -> str:
+    """The per-token price of a kind of step: a plain step's `token`, a method's own `<spec>:token`."""
+    if kind == STEP:
+        return TOKEN
+    spec, _, label = kind.rpartition(":")
+    return f"{spec}:{TOKEN}" if spec and label == STEP else f"{kind}:{TOKEN}"
+
+
+def counts_tokens(trainer: Trainer) -> bool:
+    """The Trainer counts the tokens it trains on (`state.num_input_tokens_seen`, padding included): set on
+    the runs of a task priced per token; the count travels in checkpoints, so it runs from step 0."""
+    return getattr(trainer.args, "include_num_input_tokens_seen", "no") == "all"
+
 
 # How the arena gets a method's runs at the budgets (`plan.py`):
 BRANCHED = "branched"  # one warmup-stable-decay trunk, a cooldown branch per budget (the default)
@@ -74,6 +98,7 @@ class TrialContext:
             "disable_tqdm": True,
             "dataloader_num_workers": 0,
             "use_cpu": not torch.cuda.is_available(),
+            **({"include_num_input_tokens_seen": "all"} if prices_tokens(self.task) else {}),
             **self.task.training_overrides,
             **self.extra_args,
         }
@@ -137,6 +162,8 @@ class Method:
     def step_counts(self, trainer: Trainer, steps: int) -> dict[str, int]:
         """How many steps of each kind the run took so far (`steps` optimizer steps done)."""
         kind = self.own_kinds()[0] if self.own_kinds() else STEP
+        if counts_tokens(trainer):  # a task priced per token: the tokens of those steps
+            return {token_kind(kind): int(trainer.state.num_input_tokens_seen)}
         return {kind: steps}
 
     def own_kinds(self) -> tuple[str, ...]:
@@ -149,6 +176,11 @@ class Method:
         return self
 
     def null_spec(self) -> str | None:
+        return None
+
+    def declines(self, task: BenchTask) -> str | None:
+        """Why this method has nothing to do on `task` (it is then not run, and the report says why), or
+        None. E.g. packing on examples that all have one length: there is no padding to remove."""
         return None
 
     def provably_plain(self, max_steps: int, steps: int | None = None) -> str | None:

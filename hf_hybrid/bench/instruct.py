@@ -1,0 +1,184 @@
+"""`instruct_docstrings`: an instruction fine-tune whose examples vary in length the way real ones do.
+
+Each example is a pair from the Python standard library's own source: the prompt a function's or class's
+signature (`def name(args) -> ret:`, `class Name(bases):`, then a newline), the response its docstring's
+first paragraph, ended by the decoder's end-of-text byte (0). The loss is on the response only (the
+prompt's labels are -100). The lengths are the source's: most summaries are one short line, some run to
+several, and a pair longer than `seq_len` is cut there, as a tokenizer's truncation does; a pair whose
+prompt alone takes more than half of `seq_len` is left out (no room for an answer).
+
+The model is the arena's pretrained byte-level decoder (`decoder.py`). Its pretraining read the sorted
+standard-library source up to a cut; the pairs come only from the files after it, which it never saw.
+Files go to train or eval by a hash of their path, so the eval examples are held out by document, and
+`eval_clusters` numbers each eval example's file.
+
+Plain is what a user gets by default: the `Trainer` with each batch padded to its longest example
+(`PadToLongest`), and the task is priced per token processed, padding included (`methods/base.py`).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import random
+import sysconfig
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset
+from torch import nn
+
+from ..data import stdlib_source_files
+from .decoder import FINE_TUNE_PACKAGE, TINY_RECIPE, Recipe, pretrained_decoder
+from .methods.packing import IGNORE, PadToLongest, length_spread
+from .task import BenchTask
+
+EOS = 0  # the decoder's end-of-text byte (`bos_token_id = eos_token_id = 0`)
+EVAL_PERCENT = 20  # of the files
+
+
+@dataclass(frozen=True)
+class Pair:
+    prompt: bytes
+    response: bytes
+    document: str  # the file it comes from, relative to the standard library
+
+
+def signature(node: ast.AST) -> str:
+    """`def name(args) -> ret:` or `class Name(bases):` as the source would write it."""
+    if isinstance(node, ast.ClassDef):
+        bases = ", ".join(ast.unparse(b) for b in [*node.bases, *node.keywords])
+        return f"class {node.name}({bases}):" if bases else f"class {node.name}:"
+    returns = f" -> {ast.unparse(node.returns)}" if node.returns is not None else ""
+    prefix = "async def" if isinstance(node, ast.AsyncFunctionDef) else "def"
+    return f"{prefix} {node.name}({ast.unparse(node.args)}){returns}:"
+
+
+def docstring_pairs(path: Path, document: str) -> list[Pair]:
+    """Every function, method and class of one file with a docstring, in the file's order."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (SyntaxError, UnicodeDecodeError, ValueError):
+        return []
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    pairs = []
+    for node in sorted((n for n in ast.walk(tree) if isinstance(n, kinds)), key=lambda n: n.lineno):
+        doc = ast.get_docstring(node, clean=True)
+        summary = doc.split("\n\n")[0].strip() if doc else ""
+        if summary:
+            prompt = (signature(node) + "\n").encode("utf-8")
+            pairs.append(Pair(prompt, summary.encode("utf-8"), document))
+    return pairs
+
+
+def unseen_files(recipe: Recipe | None = None) -> list[Path]:
+    """The standard-library files after those the decoder's pretraining read (its blocks are taken from
+    the sorted files in turn until it has `train_blocks`; the file it stopped in counts as read)."""
+    recipe = recipe or Recipe()
+    files = stdlib_source_files()
+    blocks = 0
+    for index, path in enumerate(files):
+        if FINE_TUNE_PACKAGE in path.parts:
+            continue
+        size = path.stat().st_size
+        blocks += (size - recipe.seq_len) // recipe.seq_len + 1 if size >= recipe.seq_len else 0
+        if blocks >= recipe.train_blocks:
+            return files[index + 1 :]
+    raise ValueError("the decoder's pretraining read the whole standard library: no unseen files are left")
+
+
+def is_eval_document(document: str) -> bool:
+    return hashlib.sha256(document.encode()).digest()[0] % 100 < EVAL_PERCENT
+
+
+def encode(pair: Pair, seq_len: int) -> dict[str, list[int]] | None:
+    """Prompt, response and EOS as bytes, labels -100 on the prompt, cut at `seq_len`; None when the
+    prompt takes more than half of it."""
+    if len(pair.prompt) > seq_len // 2:
+        return None
+    ids = [*pair.prompt, *pair.response, EOS][:seq_len]
+    labels = [IGNORE] * len(pair.prompt) + ids[len(pair.prompt) :]
+    return {"input_ids": ids, "labels": labels}
+
+
+@lru_cache(maxsize=1)
+def all_pairs() -> tuple[Pair, ...]:
+    """The pairs of every file the default decoder never saw (the tiny decoder saw fewer files)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    pairs: list[Pair] = []
+    for path in unseen_files():
+        pairs += docstring_pairs(path, path.relative_to(root).as_posix())
+    return tuple(pairs)
+
+
+@lru_cache(maxsize=4)
+def instruct_split(size: Any) -> tuple[Any, Any, tuple[int, ...], tuple[str, ...]]:
+    """(train, eval, each eval example's document number, the eval documents' names) at `size`: the
+    examples cut at `seq_len`; train shuffled (seed 0) and cut to `train_examples`; eval a seeded sample
+    of `eval_examples`, in file order."""
+    train: list[dict[str, list[int]]] = []
+    held_out: list[tuple[dict[str, list[int]], str]] = []
+    for pair in all_pairs():
+        example = encode(pair, size.seq_len)
+        if example is not None and is_eval_document(pair.document):
+            held_out.append((example, pair.document))
+        elif example is not None:
+            train.append(example)
+    for split, have, wanted in (
+        ("train", len(train), size.train_examples),
+        ("eval", len(held_out), size.eval_examples),
+    ):
+        if have < wanted:
+            raise ValueError(f"the docstrings gave {have} {split} examples, fewer than {wanted}")
+    chosen = [held_out[i] for i in sorted(random.Random(0).sample(range(len(held_out)), size.eval_examples))]
+    documents = tuple(sorted({document for _, document in chosen}))
+    number = {name: k for k, name in enumerate(documents)}
+    train_set = Dataset.from_list(train).shuffle(seed=0).select(range(size.train_examples))
+    eval_set = Dataset.from_list([example for example, _ in chosen])
+    return train_set, eval_set, tuple(number[document] for _, document in chosen), documents
+
+
+def instruct_data(size: Any) -> tuple[Any, Any]:
+    train, evaluation, _, _ = instruct_split(size)
+    return train, evaluation
+
+
+def eval_clusters(size: Any) -> list[int]:
+    """Each eval example's document (its file, numbered in sorted order): their losses move together."""
+    return list(instruct_split(size)[2])
+
+
+def instruct_model(size: Any, seed: int) -> nn.Module:
+    return pretrained_decoder(
+        TINY_RECIPE if size.seq_len == TINY_RECIPE.seq_len else Recipe(), seed, lora=False
+    )
+
+
+def finish_instruct(task: BenchTask, size: Any) -> None:
+    """What the preset adds to its `BenchTask`: per-batch padding (and so a price per token), each eval
+    example's document, and the length spread in the record."""
+    task.data_collator = PadToLongest(pad_token_id=EOS)
+    task.eval_clusters = eval_clusters(size)
+    spread = length_spread([len(ids) for ids in task.train["input_ids"]], size.batch_size)
+    task.info.update(lengths=spread.quantiles, padding_share=round(spread.padding_share, 4))
+
+
+# `tasks.py` builds the preset from these (its `Task` and `Any`)
+INSTRUCT_SIZES = {
+    "tiny": {"steps": 8, "batch_size": 4, "seq_len": 32, "train_examples": 64, "eval_examples": 16},
+    "quick": {"steps": 100, "batch_size": 8, "seq_len": 128, "train_examples": 1024, "eval_examples": 256},
+    "full": {"steps": 400, "batch_size": 8, "seq_len": 128, "train_examples": 3200, "eval_examples": 960},
+}
+INSTRUCT_PRESET = {
+    "name": "instruct_docstrings",
+    "description": (
+        "byte-level GPT-2 (4x256) pretrained on stdlib source, fine-tuned to answer a signature with its "
+        "docstring's summary (files it never saw); examples of varied length padded per batch"
+    ),
+    "learning_rate": 5e-4,
+    "data": instruct_data,
+    "model": instruct_model,
+    "finish": finish_instruct,
+}
