@@ -15,6 +15,12 @@ budget too.
 `auto` takes the first of host, weights, checkpoint that fits the budget: by default a fifth of the host
 memory available when training starts (`hybrid_guard_memory_mb` sets it). The order and what each costs
 are measured in `benchmarks/README.md` ("The spike guard").
+
+How far apart the copies are is decided here too, from the copy's bytes (`copy_spacing`): a copy of up to
+`hybrid_guard_spacing_mb` is taken every `hybrid_guard_every` steps, a larger one that many times further
+apart per doubling of its size (x16 at most). A copy's cost is a memory copy of all of it, so its share of
+the step grows with its bytes; bytes, not a timing, so that two runs of the same model (a resumed one, one
+on a busy machine) copy at the same steps.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import torch
 
 AUTO_BUDGET_SHARE = 0.2  # of the host memory available at the start of training
 MIB = 2**20
+MAX_SPACING = 16  # the copies' spacing grows to at most this many times `every`
 
 
 def available_host_bytes() -> int | None:
@@ -69,12 +76,31 @@ class StoragePlan:
     budget: int | None
     reason: str
     update_check: bool = False
+    copy_every: int | None = None  # steps between two copies (None: no periodic copy)
+    one_copy_bytes: int = 0
 
     def line(self) -> str:
-        """What the start of training says about it."""
+        """What the start of training says about it: where the copies live, how far apart, the memory."""
         held = f"{self.copy_bytes / MIB:.1f} MiB of host memory"
         budget = "no budget" if self.budget is None else f"budget {self.budget / MIB:.0f} MiB"
-        return f"hf_hybrid: spike guard on, copies in {self.storage}: {held} ({budget}); {self.reason}"
+        spaced = (
+            f"; one copy ({self.one_copy_bytes / MIB:.1f} MiB) every {self.copy_every} steps"
+            if self.copy_every is not None
+            else ""
+        )
+        return (
+            f"hf_hybrid: spike guard on, copies in {self.storage}{spaced}: {held} ({budget}); {self.reason}"
+        )
+
+
+def copy_spacing(copy_bytes: int, every: int, spacing_mb: float) -> int:
+    """Steps between two copies of `copy_bytes`: `every` up to `spacing_mb` MiB, x2 per doubling beyond,
+    x`MAX_SPACING` at most (`spacing_mb` 0: `every` whatever the size)."""
+    spacing = every
+    limit = spacing_mb * MIB
+    while limit > 0 and copy_bytes > limit * spacing / every and spacing < MAX_SPACING * every:
+        spacing *= 2
+    return spacing
 
 
 def choose_storage(
@@ -84,10 +110,13 @@ def choose_storage(
     budget: int | None,
     saves_checkpoints: bool,
     update_check: bool = False,
+    every: int = 10,
+    spacing_mb: float = 0.0,
 ) -> StoragePlan:
     """`requested` (auto, host, weights, checkpoint, none) resolved against the budget; a storage the
     budget cannot hold falls back to the next one, and the reason says which and why. `update_check`:
-    one more copy of the weights is wanted with `host` copies, where the budget holds it."""
+    one more copy of the weights is wanted with `host` copies, where the budget holds it. Copies in
+    memory are spaced by their size (`copy_spacing` with `every` and `spacing_mb`)."""
     sizes = {
         "host": 2 * (weights_bytes + state_bytes),
         "weights": 2 * weights_bytes,
@@ -120,7 +149,9 @@ def choose_storage(
                 else f"; no update check: its copy ({extra / MIB:.1f} MiB) exceeds the budget"
             )
             size += extra if check else 0
-        return StoragePlan(storage, size, budget, reason, check)
+        one = sizes[storage] // 2
+        spacing = copy_spacing(one, every, spacing_mb) if storage in ("host", "weights") else None
+        return StoragePlan(storage, size, budget, reason, check, spacing, one)
     raise AssertionError("`none` always fits")
 
 

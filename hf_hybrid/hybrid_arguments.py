@@ -143,16 +143,15 @@ class HybridArgumentsMixin:
     )
 
     hybrid_spike_guard: str = field(
-        default="off",
+        default="auto",
         metadata={
             "help": "Judge every real step's loss before its update is applied. A spike is blamed first: "
-            "its batch is measured again at the guard's trusted copy of the weights; bad data (as bad there) "
-            "is skipped, damaged weights that do not come back by themselves within a few steps are "
-            "restored from the trusted copy (weights and optimizer state; the batches since skipped). Every "
-            "skip and restore is a warning, a hybrid/* metric, a timeline mark and a summary line. auto: "
-            "on whenever its copies fit (hybrid_guard_storage), off otherwise; on: always (with no copy "
-            "that fits it only skips bad batches); off (the default until it is shown to leave every clean "
-            "run of the arena's tasks alone: benchmarks/README.md).",
+            "its batch is measured again at the guard's copy of the weights; bad data (as bad there) is "
+            "skipped, damaged weights that do not come back by themselves within a few steps are restored "
+            "from the copy (weights and optimizer state; the batches since skipped); an outsized update "
+            "that did harm is taken back. Every action is a warning, a hybrid/* metric, a timeline mark and "
+            "a summary line. auto (the default): on whenever its copies fit (hybrid_guard_storage), off "
+            "otherwise; on: always (with no copy that fits it only skips bad batches); off.",
             "choices": list(SPIKE_GUARD_MODES),
         },
     )
@@ -177,22 +176,16 @@ class HybridArgumentsMixin:
         default=_GUARD_DEFAULTS.every,
         metadata={"help": "Optimizer steps between two copies of the spike guard (>= 1)."},
     )
-    hybrid_guard_max_copy_share: float = field(
-        default=_GUARD_DEFAULTS.max_copy_share,
+    hybrid_guard_spacing_mb: float = field(
+        default=128.0,
         metadata={
-            "help": "The spike guard's copies' largest share of the step time: over it they are spaced x2 "
-            "... x16 further apart (0: every hybrid_guard_every steps). In [0, 1)."
+            "help": "A copy of up to this many MiB is taken every hybrid_guard_every steps; a larger one x2 "
+            "further apart per doubling of its size, x16 at most (0: every hybrid_guard_every steps)."
         },
     )
     hybrid_guard_max_update_ratio: float = field(
         default=_GUARD_DEFAULTS.max_update_ratio,
-        metadata={
-            "help": "Take back an update over this many times the recent ones that raised its loss (0: off)."
-        },
-    )
-    hybrid_guard_max_check_share: float = field(
-        default=_GUARD_DEFAULTS.max_check_share,
-        metadata={"help": "The update check's largest share of the step time (0: any)."},
+        metadata={"help": "Take back an update over this many times the recent ones that did harm (0: off)."},
     )
     hybrid_guard_max_restores: int = field(
         default=_GUARD_DEFAULTS.max_restores,
@@ -225,6 +218,7 @@ class HybridArgumentsMixin:
             check_choice("hybrid_guard_storage", self.hybrid_guard_storage, GUARD_STORAGE_CHOICES)
             if self.hybrid_guard_memory_mb is not None:
                 check_float("hybrid_guard_memory_mb", self.hybrid_guard_memory_mb, 0.0, 1e12)
+            check_float("hybrid_guard_spacing_mb", self.hybrid_guard_spacing_mb, 0.0, 1e12)
             if isinstance(self.hybrid_predictor_kwargs, str):
                 self.hybrid_predictor_kwargs = _json_object(
                     "hybrid_predictor_kwargs", self.hybrid_predictor_kwargs
@@ -243,9 +237,7 @@ class HybridArgumentsMixin:
         return SpikeGuardConfig(
             enabled=self.hybrid_spike_guard != "off",
             every=self.hybrid_guard_every,
-            max_copy_share=self.hybrid_guard_max_copy_share,
             max_update_ratio=self.hybrid_guard_max_update_ratio,
-            max_check_share=self.hybrid_guard_max_check_share,
             max_restores=self.hybrid_guard_max_restores,
             device=self.hybrid_guard_device,
             storage=storage,

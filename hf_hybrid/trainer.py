@@ -297,14 +297,18 @@ class HybridHFTrainer(_PredictedSteps):
             memory_budget(args.hybrid_guard_memory_mb),
             saves_checkpoints=self.args.save_strategy != "no" and not self.args.save_only_model,
             update_check=args.hybrid_guard_max_update_ratio > 0,
+            every=args.hybrid_guard_every,
+            spacing_mb=args.hybrid_guard_spacing_mb,
         )
         if plan.storage == "none" and args.hybrid_spike_guard == "auto":
             logger.warning("hf_hybrid: spike guard off (hybrid_spike_guard=auto): %s", plan.reason)
             return None
         self.guard_plan = plan
-        config = args.spike_guard_config(plan.storage)
-        if not plan.update_check:
-            config = dataclasses.replace(config, max_update_ratio=0.0)
+        config = dataclasses.replace(
+            args.spike_guard_config(plan.storage),
+            every=plan.copy_every or args.hybrid_guard_every,
+            max_update_ratio=args.hybrid_guard_max_update_ratio if plan.update_check else 0.0,
+        )
         copies = (_CheckpointCopy(self), _CheckpointCopy(self)) if plan.storage == "checkpoint" else None
         return SpikeGuard(self.optimizer, config, suspect_loss=self._suspect_loss, copies=copies)
 

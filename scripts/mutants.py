@@ -58,7 +58,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "b",
         "a restore puts back the weights but not the optimizer state",
-        "hf_hybrid/engine/spike_guard.py",
+        "hf_hybrid/engine/guard_copies.py",
         (
             (
                 "        for saved, p in zip(self.state, params, strict=True):\n",
@@ -159,6 +159,20 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_trainer_fidelity.py::test_the_true_defaults_are_the_plain_trainer_past_the_warmup",
             "tests/test_trainer_fidelity.py::test_warmup_and_full_steps_are_bit_identical",
+        ),
+    ),
+    Mutant(
+        "i",
+        "the spike guard stops handing the detector's gradient-norm ratio to the update check",
+        "hf_hybrid/engine/spike_guard.py",
+        (
+            (
+                "self.update_check.take(step, lrs, self.detector.grad_ratio(self.step_grad_norm))",
+                "self.update_check.take(step, lrs, None)",
+            ),
+        ),
+        (
+            "tests/engine/test_spike_guard.py::test_a_gradient_spike_under_sgd_is_taken_back_through_the_detectors_ratio",
         ),
     ),
 )

@@ -46,9 +46,8 @@ BAD_VALUES = [
     ("hybrid_console_metrics", "verbose", r"one of \['compact', 'full'\]"),
     ("hybrid_spike_guard", "yes", r"one of \['auto', 'on', 'off'\]"),
     ("hybrid_guard_every", 0, r"an integer in \[1, 1000000\]"),
-    ("hybrid_guard_max_copy_share", 1.0, r"a number in \[0.0, 1.0\)"),
+    ("hybrid_guard_spacing_mb", -1.0, r"a number in \[0.0, "),
     ("hybrid_guard_max_update_ratio", -1.0, r"a number in \[0.0, "),
-    ("hybrid_guard_max_check_share", 1.0, r"a number in \[0.0, 1.0\)"),
     ("hybrid_guard_max_restores", -1, r"an integer in \[0, 1000000\]"),
     ("hybrid_guard_device", "gpu", r"one of \['cpu', 'same'\]"),
     ("hybrid_guard_storage", "disk", r"one of \['auto', 'host', 'weights', 'checkpoint', 'none'\]"),
@@ -205,8 +204,8 @@ def test_every_hybrid_default_is_the_engine_default():
     mapped = {f.name for f in dataclasses.fields(HybridArgumentsMixin) if engine_target(f.name)}
     assert {f.name for f in dataclasses.fields(HybridArgumentsMixin)} - mapped == {
         "hybrid_enabled", "hybrid_probe_batches", "hybrid_restart_engine", "hybrid_console_metrics",
-        "hybrid_spike_guard", "hybrid_guard_every", "hybrid_guard_max_copy_share",
-        "hybrid_guard_max_update_ratio", "hybrid_guard_max_check_share", "hybrid_guard_max_restores",
+        "hybrid_spike_guard", "hybrid_guard_every", "hybrid_guard_spacing_mb",
+        "hybrid_guard_max_update_ratio", "hybrid_guard_max_restores",
         "hybrid_guard_device",
         "hybrid_guard_storage", "hybrid_guard_memory_mb",
     }  # fmt: skip

@@ -1,6 +1,6 @@
-"""The spike guard's timed decisions agree across ranks: two gloo ranks whose copies and update check
-cost differently space the copies and keep or drop the check alike (the dearest rank decides), so a
-restore puts every rank back to the same step."""
+"""The spike guard on parameters sharded over two gloo ranks (FSDP2's `fully_shard`): the update check
+samples each rank's own shards and sums the norms' squares over the ranks, so both ranks judge every
+update alike and take an lr burst back shard by shard; their decisions are one process's."""
 
 from __future__ import annotations
 
@@ -18,13 +18,21 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "programs" / "guard_ranks_run.py"
 
 
-def test_every_rank_spaces_its_copies_and_keeps_its_check_alike(tmp_path: Path) -> None:
+def _run(cmd: list[str], out: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    done = subprocess.run(
-        [*cmd, str(SCRIPT), str(tmp_path)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=180
-    )
+    out.mkdir()
+    done = subprocess.run([*cmd, str(out)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    decided = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
-    # rank 0 alone would copy every 10 steps and keep the check; rank 1's costs decide for both
-    assert decided[0] == decided[1] == {"copy_every": 40, "update_check": False}, decided
+
+
+def test_two_sharded_ranks_take_an_lr_burst_back_alike(tmp_path: Path) -> None:
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    _run([*torchrun, str(SCRIPT), "--sharded"], tmp_path / "sharded")
+    _run([sys.executable, str(SCRIPT)], tmp_path / "alone")
+    ranks = [json.loads((tmp_path / "sharded" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    alone = json.loads((tmp_path / "alone" / "rank0.json").read_text())
+    assert ranks[0]["stats"] == ranks[1]["stats"] and ranks[0]["weights"] == ranks[1]["weights"]
+    stats = ranks[0]["stats"]
+    assert stats["update_check"] and stats["taken_back_steps"] == [41, 42, 43]
+    for key in ("taken_back_steps", "update_check_copies", "unjudged_updates", "spike_guard_copy_every"):
+        assert stats[key] == alone["stats"][key], key

@@ -130,6 +130,11 @@ def test_every_rank_takes_the_phases_of_one_process(runs):
     assert _without_bytes(rank0["stats"]) == _without_bytes(rank1["stats"])
     assert rank0["stats"]["predict_phases"] >= 3
     assert rank0["stats"]["steps_per_phase"] == runs["single"]["stats"]["steps_per_phase"]
+    # the spike guard is on by default, its update check too (the norms summed over the ranks' shards),
+    # and it decides what one process decides
+    assert rank0["stats"]["spike_guard"] and rank0["stats"]["update_check"]
+    guard_keys = ("restore_steps", "skip_steps", "taken_back_steps", "spike_guard_copy_every", "update_check")
+    assert {k: rank0["stats"][k] for k in guard_keys} == {k: runs["single"]["stats"][k] for k in guard_keys}
 
 
 def test_losses_and_gradient_norms_match_one_process_with_the_same_global_batch(runs):

@@ -5,6 +5,7 @@ exactly, every action is loud, it resumes."""
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 from dataclasses import asdict
 from pathlib import Path
@@ -21,12 +22,11 @@ from hf_hybrid.engine.spike_guard import SpikeGuard
 from hf_hybrid.model_card import card_context, render_section
 from hf_hybrid.telemetry import run_summary
 
-# copies every 5 steps, whatever they cost (the spacing by cost: `test_copies_are_spaced_by_what_they_cost`)
+# copies every 5 steps (the spacing by size: `test_large_copies_are_spaced_by_their_size`)
 GUARD = {
     "hybrid_confidence_threshold": 1.0,
     "hybrid_spike_guard": "on",
     "hybrid_guard_every": 5,
-    "hybrid_guard_max_copy_share": 0.0,
 }
 LOSS_ONLY = {"hybrid_guard_max_update_ratio": 0.0}  # no update check: a burst is the loss's to catch
 BURST = FaultWindow("lr_burst", 50, 3)  # steps 51-53 (1-based)
@@ -154,16 +154,16 @@ def test_a_clean_run_with_the_guard_is_the_plain_trainer(tmp_path, capsys):
     assert len(started) == 1 and "MiB of host memory" in started[0], started
 
 
-def test_copies_are_spaced_by_what_they_cost(tmp_path, caplog):
-    """`hybrid_guard_max_copy_share` reaches the guard: a share no copy can meet spaces them x16 (the
-    most) and says so; the spacing is in the stats (the engine test drives the rule with a clock)."""
-    args = {**GUARD, "hybrid_guard_max_copy_share": 1e-12}
+def test_large_copies_are_spaced_by_their_size(tmp_path, capsys):
+    """`hybrid_guard_spacing_mb` reaches the guard: copies over it are spaced x2 per doubling of their
+    size (x16 at most), said at the start; the spacing is in the stats."""
+    args = {**GUARD, "hybrid_guard_spacing_mb": 0.01}  # the tiny model's copy (0.3 MiB) is ~30x that
     hybrid = hybrid_trainer(tmp_path, max_steps=40, **args)
-    with caplog.at_level(logging.INFO, logger="hf_hybrid"):
-        hybrid.train()
-    assert hybrid.hybrid_stats()["spike_guard_copy_every"] == 16 * GUARD["hybrid_guard_every"]
-    said = [r for r in caplog.records if "one copy every 80 steps" in r.getMessage()]
-    assert len(said) == 1 and said[0].levelno == logging.WARNING, [r.getMessage() for r in caplog.records]
+    hybrid.train()
+    every = hybrid.hybrid_stats()["spike_guard_copy_every"]
+    assert every == 16 * GUARD["hybrid_guard_every"] == hybrid.guard_plan.copy_every
+    said = [line for line in capsys.readouterr().out.splitlines() if "spike guard on" in line]
+    assert len(said) == 1 and "every 80 steps" in said[0], said
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
@@ -417,12 +417,21 @@ def test_a_budget_too_small_for_a_copy_falls_back_and_says_which(tmp_path, capsy
     assert on.hybrid_stats()["spike_guard_storage"] == "none"
 
 
-def test_auto_guards_full_and_adapter_runs_and_the_default_is_off(tmp_path):
-    full = hybrid_trainer(tmp_path / "full", max_steps=2, hybrid_spike_guard="auto")
-    full.train()
-    lora = hybrid_trainer(tmp_path / "lora", model=lora_gpt2(), max_steps=2, hybrid_spike_guard="auto")
-    lora.train()
-    assert full.hybrid_stats()["spike_guard"] and lora.hybrid_stats()["spike_guard"]
+def test_the_guard_is_on_by_default_and_says_so_at_default_verbosity(tmp_path, capsys):
+    """No guard flag: full and adapter runs are guarded (`auto`), and the start of training says, on the
+    console a user sees without raising any verbosity, where the copies live, how they are spaced and the
+    host memory they take. `off` turns it off."""
     default = hybrid_trainer(tmp_path / "default", max_steps=2)
     default.train()
-    assert default.args.hybrid_spike_guard == "off" and not default.hybrid_stats()["spike_guard"]
+    lora = hybrid_trainer(tmp_path / "lora", model=lora_gpt2(), max_steps=2)
+    lora.train()
+    assert default.args.hybrid_spike_guard == "auto"
+    assert default.hybrid_stats()["spike_guard"] and lora.hybrid_stats()["spike_guard"]
+    said = [line for line in capsys.readouterr().out.splitlines() if "spike guard on" in line]
+    assert len(said) == 2, said
+    assert re.search(
+        r"copies in host; one copy \(\d+\.\d MiB\) every 10 steps: \d+\.\d MiB of host memory", said[0]
+    )
+    off = hybrid_trainer(tmp_path / "off", max_steps=2, hybrid_spike_guard="off")
+    off.train()
+    assert not off.hybrid_stats()["spike_guard"]

@@ -129,17 +129,15 @@ class SpikeGuardConfig:
     `checkpoint` (the last checkpoint the caller saved; the caller supplies the copies) or `none` (no
     copy: bad batches are skipped, nothing is restored).
 
-    `max_copy_share`: the periodic copies' share of the step time the guard keeps under. The first copy
-    is timed against the steps before it; where one every `every` steps costs more, the copies are spaced
-    `every` x2, x4 ... x`MAX_SPACING` apart (a full fine-tune's copies are six times its fp32 weights
-    with Adam). A restore then goes back further. 0: one every `every` steps, whatever it costs.
+    `every`: clean steps between two copies (the trainer widens it for large copies from their bytes,
+    `guard_storage.copy_spacing`: a function of sizes, never of a timing, so that a resumed run copies
+    at the steps the uninterrupted run copies at).
 
     `max_update_ratio`: an applied update over this many times the median of the recent ones that raised
-    its own batch's loss is taken back (`update_check.py`; 0: no such check). It keeps one more copy of
-    the trainable weights, filled before a step whose learning rate or gradient norm jumps, so it runs
-    only with `host` storage; every step it reads a sample of the weights, and it runs where that and
-    the update's norm cost at most `max_check_share` of the step time (timed with the first periodic
-    copy; 0: whatever it costs)."""
+    its own batch's loss, or that belongs to a learning-rate excursion that came back down, is taken back
+    (`update_check.py`; 0: no such check). It keeps one more copy of the trainable weights, filled before a
+    step whose learning rate or gradient norm jumps, so it runs only with `host` storage; every step it
+    reads a sample of the weights."""
 
     enabled: bool = True
     every: int = 10
@@ -155,9 +153,7 @@ class SpikeGuardConfig:
     device: str = "cpu"
     patience: int = 2
     storage: str = "host"
-    max_copy_share: float = 0.001
     max_update_ratio: float = 10.0
-    max_check_share: float = 0.002
 
     def __post_init__(self) -> None:
         check_bool("enabled", self.enabled)
@@ -174,6 +170,4 @@ class SpikeGuardConfig:
         check_choice("device", self.device, GUARD_DEVICES)
         check_int("patience", self.patience, 1, 1_000_000)
         check_choice("storage", self.storage, GUARD_STORAGES)
-        check_float("max_copy_share", self.max_copy_share, 0.0, 1.0, high_open=True)
         check_float("max_update_ratio", self.max_update_ratio, 0.0, 1e12)
-        check_float("max_check_share", self.max_check_share, 0.0, 1.0, high_open=True)

@@ -20,19 +20,6 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
-import torch.distributed as dist
-
-
-def largest_over_ranks(value: float, device: torch.device) -> float:
-    """The largest `value` of all ranks (the value itself without a process group): a decision timed on
-    each rank's own clock must come out the same on every rank, or the replicas part (a spike guard that
-    spaced its copies differently would restore each rank to a different step). The dearest rank's time
-    decides."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return value
-    agreed = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-    return float(agreed)
 
 
 def clock_for(tensors: Iterable[torch.Tensor]) -> Callable[[], float]:

@@ -1,6 +1,5 @@
-"""The update check: an applied update many times the size of the recent ones that made the very batch
-it was computed on worse has overshot, and is taken back (the weights of before the step are put back,
-as if its update had been clipped to nothing).
+"""The update check: an applied update many times the size of the recent ones that did harm is taken
+back (the weights of before the step are put back, as if its update had been clipped to nothing).
 
 Why the spike guard needs it: a few outsized updates can damage the weights by less than the batch noise
 of the loss. On `decoder_lora` an lr x30 burst raised the step loss by 6%, 1.5 noise units of one step,
@@ -10,23 +9,31 @@ step to step, so the burst's first step is about 30 times the recent ones, while
 within a few times of each other (`benchmarks/README.md`, "The spike guard", has the measured ratios).
 
 Size alone would also take back a schedule's own jump (a cosine restart). So an outsized update is
-judged by what it did: the step's batch is measured again at the weights after the step and at the
-weights before it (the same dropout draws for both), and only an update that raised that batch's loss is
-taken back. An update that the optimizer computed from this very batch and that still made it worse has
-overshot. One that lowered it is left, and its size joins the recent ones: the schedule's new normal.
+judged by what it did, two ways:
 
-What it costs per step is a sample of the weights' coordinates (the same share of every tensor, an
-outsized step moves them all), kept before the step and subtracted after it. The whole weights are
-copied before a step only where it shows a sign that its update may be outsized: a learning rate over
-`LR_JUMP` times that of the last update kept, or a gradient norm over `GRAD_JUMP` times the recent median.
-With Adam nothing else can make an update ten times the recent ones: a gradient spike of any size moves
-its update by at most about (1 - beta1) / sqrt(1 - beta2), 3.2x with the defaults, so the gradient's sign
-is for plain SGD. An optimizer without a learning rate in its groups has its weights copied every step.
-Copying every step cost up to 0.3% of a full fine-tune's step on CPU, over the share the guard allows
-it, so the check had turned itself off on exactly the runs with the most to lose, and on a loaded
-machine on others. Taking an update back puts the weights back bit for bit; the optimizer keeps what it
-learnt from the step's gradient (Adam's moments and step count move on, as for a step whose update was
-clipped to nothing): a copy of the optimizer state would cost three times as much with Adam.
+- its own batch: the step's batch is measured again at the weights after the step and at the weights
+  before it (the same dropout draws for both). An update that the optimizer computed from this very batch
+  and still made it worse has overshot: it is taken back at once.
+- the learning rate's excursion: an outsized update that lowered its batch's loss (30 times further
+  along one batch's gradient can still fit that batch: a classifier's adapter, a tiny model) opens an
+  *excursion*. The weights of before it stay copied, and the excursion is judged by where the learning
+  rate goes: back down within `MAX_EXCURSION` steps (a burst: a scheduler bug, a callback's edit of the
+  param groups, a user's own lr logic gone wrong) and the whole excursion is taken back, the step that
+  came back included (its gradient was taken at the damaged weights); still up after that (a schedule's
+  new level) and it stays, the new rate the normal one. The learning rates are read from the optimizer's
+  param groups right before each step, so a change is seen however it was made.
+
+What it costs per step is a sample of the weights' coordinates (`update_sample.py`). The whole weights
+are copied before a step only where it shows a sign that its update may be outsized: a learning rate over
+`LR_JUMP` times that of the last update kept, or a gradient norm over `GRAD_JUMP` times the recent median
+(the spike guard's detector's window). With Adam nothing else can make an update ten times the recent
+ones: a gradient spike of any size moves its update by at most about (1 - beta1) / sqrt(1 - beta2), 3.2x
+with the defaults, so the gradient's sign is for plain SGD. An optimizer without a learning rate in its
+groups has its weights copied every step. Taking an update back puts the weights back bit for bit; the
+optimizer keeps what it learnt from the step's gradient (Adam's moments and step count move on, as for a
+step whose update was clipped to nothing): a copy of the optimizer state would cost three times as much
+with Adam. Whether it runs is decided before training from bytes (its copy must fit the guard's memory
+budget, `guard_storage.py`), never from a timing, so a resumed run judges as the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -40,13 +47,13 @@ from typing import Any
 
 import torch
 
-from .sharding import is_sharded, local
+from .update_sample import UpdateSample
 
 logger = logging.getLogger(__name__)
 
-SAMPLE = 16384  # coordinates the update's norm is measured on (the same share of every tensor)
 LR_JUMP = 2.0  # a learning rate this many times the last kept update's: the weights are copied first
 GRAD_JUMP = 3.0  # a gradient norm this many times the recent median: the weights are copied first
+MAX_EXCURSION = 8  # steps a raised learning rate may last and still be a burst taken back whole
 
 
 class UpdateCheck:
@@ -54,8 +61,8 @@ class UpdateCheck:
 
     `max_ratio` 0 turns it off. `suspect_loss()`: this step's batch's loss at the live weights, measured
     again without a gradient and with the random state it had before (None: it cannot be). `device`:
-    where the copy lives ("cpu": host memory, pinned under CUDA; "same": the weights' device). Every rank
-    holds the same weights (sharded parameters turn the check off: their norms differ by rank)."""
+    where the copy lives ("cpu": host memory, pinned under CUDA; "same": the weights' device). Sharded
+    parameters are judged on every rank alike (the norm is summed over the ranks' shards)."""
 
     def __init__(
         self,
@@ -74,160 +81,173 @@ class UpdateCheck:
         self.device = device
         self.norms: deque[float] = deque(maxlen=history)
         self.kept_lrs: list[float | None] = []  # the learning rates of the last update kept
-        self.on = bool(params) and max_ratio > 0 and not any(is_sharded(p) for p in params)
+        self.on = bool(params) and max_ratio > 0
         self.largest_ratio = 0.0  # how close a left update came to the limit (reported, not judged)
         self.copies = 0  # steps whose weights were copied (a sign of an outsized update before them)
         self.unjudged = 0  # outsized updates left because nothing before them gave a sign (no copy)
+        self.excursion: int | None = None  # the first step of an open excursion (its weights copied)
+        self.excursion_outsized = False  # an update of the open excursion was over `max_ratio`
+        self.undone: tuple[int, int] | None = None  # the excursion's steps a take-back now undoes
         self.taken = False  # the sample holds the coordinates of before this step's update
-        self.copied = False  # the copy holds the weights of before this step's update
+        self.copied = False  # the copy holds the weights of before this step's update (or excursion)
         self.copy: list[torch.Tensor] = []
-        self._scratch: tuple[torch.Tensor, torch.Tensor] = (torch.empty(0), torch.empty(0))  # after, before
-        self._mixed = False
-        self._contiguous = True
-        self._live: list[torch.Tensor] = []
-        self._samples: list[torch.Tensor] = []
-        self._step: tuple[list[float | None], float | None] = ([], None)  # this step's lrs and grad ratio
+        self._nbytes = 0
+        self.sample: UpdateSample | None = None
+        self._step: tuple[int, list[float | None], float | None] = (0, [], None)  # step, lrs, grad ratio
 
     @torch.no_grad()
     def take(self, step: int, lrs: list[float | None] | None = None, grad_ratio: float | None = None) -> None:
         """Before the optimizer runs: keep the sample of the weights it is about to change, and the whole
         weights when `lrs` (each group's) or `grad_ratio` (this step's gradient norm over the recent
-        median, as the caller keeps it; None: not known) show a sign that the update may be outsized."""
+        median, as the caller keeps it; None: not known) show a sign that the update may be outsized
+        (during an excursion the copy keeps the weights of before it)."""
         self.taken = self.on
-        self.copied = False
+        self.copied = self.excursion is not None
         if not self.on:
             return
-        if not self.copy:
+        if self.sample is None:
             self._allocate()
-        self._step = (list(lrs or []), grad_ratio)
-        self._keep_sample()
-        if self._may_overshoot():
-            torch._foreach_copy_(self.copy, self._live, non_blocking=self.copy[0].is_pinned())
+        self._step = (step, list(lrs or []), grad_ratio)
+        self.sample.keep()
+        if self.excursion is None and self._may_overshoot():
+            torch._foreach_copy_(self.copy, self.sample.live, non_blocking=self.copy[0].is_pinned())
             self.copied = True
             self.copies += 1
 
     def judge(self, can_take_back: bool = True) -> str | None:
-        """After the optimizer ran: why its update must be taken back (None: it stays, and its size joins
-        the recent ones). `can_take_back=False`: it stays whatever it is (too many taken back in a row)."""
+        """After the optimizer ran: why its update (or the excursion it closes) must be taken back (None:
+        it stays, and its size joins the recent ones). `can_take_back=False`: it stays whatever it is.
+        During an excursion its updates are judged by where the learning rate goes, not one by one."""
         if not self.taken:
             return None
-        norm = self._update_norm()
+        norm = self.sample.update_norm()
         ratio = self._ratio(norm)
-        if ratio > self.max_ratio and can_take_back:
-            if not self.copied:
-                self.unjudged += 1
-                logger.info(
-                    "hf_hybrid: an update %.0fx the median of the recent ones stays unjudged: neither its "
-                    "learning rate nor its gradient norm gave a sign of it, so its weights were not copied",
-                    ratio,
-                )
-            else:
-                measured = self._paired_losses()
-                if measured is not None and measured[0] > measured[1]:
-                    after, before = measured
-                    return (
-                        f"the update is {ratio:.0f}x the median of the recent ones and raised its own "
-                        f"batch's loss from {before:.4g} to {after:.4g}"
-                    )
+        if self.excursion is not None:
+            why = self._excursion_verdict(ratio, can_take_back)
+        else:
+            why = self._judge_step(ratio, can_take_back)
+        if why is not None:
+            return why
         if math.isfinite(norm):
             self.norms.append(norm)
             self.largest_ratio = max(self.largest_ratio, ratio if math.isfinite(ratio) else 0.0)
-        self.kept_lrs = self._step[0]
+        if self.excursion is None:
+            self.kept_lrs = self._step[1]
+        return None
+
+    def _judge_step(self, ratio: float, can_take_back: bool) -> str | None:
+        """An update outside an excursion: one over `max_ratio` times the recent ones is taken back if it
+        raised its own batch's loss; one whose learning rate jumped and stays opens an excursion."""
+        outsized = ratio > self.max_ratio and can_take_back
+        if outsized and not self.copied:
+            self.unjudged += 1
+            logger.info(
+                "hf_hybrid: an update %.0fx the median of the recent ones stays unjudged: neither its "
+                "learning rate nor its gradient norm gave a sign of it, so its weights were not copied",
+                ratio,
+            )
+        elif outsized:
+            measured = self._paired_losses()
+            if measured is not None and measured[0] > measured[1]:
+                after, before = measured
+                return (
+                    f"the update is {ratio:.0f}x the median of the recent ones and raised its own batch's "
+                    f"loss from {before:.4g} to {after:.4g}"
+                )
+        if self.copied and not self._lr_unread() and self._lr_jumped():
+            self.excursion, self.excursion_outsized = self._step[0], ratio > self.max_ratio
+            logger.info(
+                "hf_hybrid: step %d: the learning rate jumped over %gx that of the last kept update (this "
+                "update %.1fx the recent ones): kept while it stays up, taken back whole if it comes down "
+                "within %d steps after an update over %gx",
+                self._step[0],
+                LR_JUMP,
+                ratio,
+                MAX_EXCURSION,
+                self.max_ratio,
+            )
+        return None
+
+    def _excursion_verdict(self, ratio: float, can_take_back: bool) -> str | None:
+        """An open excursion: the learning rate back down after an outsized update (a burst) takes it back
+        whole if the weights now do worse than those of before it on this step's batch, one the excursion's
+        updates never saw; still up after `MAX_EXCURSION` steps (a new level), back without any outsized
+        update, or back having done good keeps it, the rate then the normal one."""
+        first, step = self.excursion, self._step[0]
+        self.excursion_outsized |= ratio > self.max_ratio
+        if not self._lr_jumped():
+            self.excursion = None
+            measured = self._paired_losses() if self.excursion_outsized and can_take_back else None
+            if measured is None or measured[0] <= measured[1]:
+                return None
+            self.undone = (first, step)
+            return (
+                f"the learning rate came back down at step {step} after an excursion from step {first} "
+                f"with updates over {self.max_ratio:g}x the recent ones, and this step's batch does worse "
+                f"after it ({measured[0]:.4g}) than before it ({measured[1]:.4g}): the {step - first + 1} "
+                f"updates since are taken back (the weights of before step {first})"
+            )
+        if step - first + 1 >= MAX_EXCURSION:
+            self.excursion, self.copied = None, False
+            logger.info("hf_hybrid: step %d: the learning rate stayed up since step %d: kept", step, first)
         return None
 
     @torch.no_grad()
-    def take_back(self) -> None:
-        """Put back the weights of before the step (only a copied step is ever judged outsized)."""
-        torch._foreach_copy_(self._live, self.copy)
+    def take_back(self) -> list[int]:
+        """Put back the weights of before the step, or of before the excursion it closed; the steps whose
+        updates are undone."""
+        torch._foreach_copy_(self.sample.live, self.copy)
+        first, last = self.undone or (self._step[0], self._step[0])
         self.taken = self.copied = False
+        self.undone = None
+        return list(range(first, last + 1))
 
-    def cost_seconds(self, clock: Callable[[], float], repeats: int = 5) -> float:
-        """What the check adds to an ordinary step (its sample and the update's norm): the fastest of
-        `repeats` timings, as one timing on a loaded machine can catch a pause that is not the check's
-        (the check turned itself off so on a 2-core machine running three jobs)."""
-        if not self.copy:
-            self._allocate()
-        cuda = any(p.device.type == "cuda" for p in self.params)
-        times = []
-        for _ in range(repeats):
-            if cuda:
-                torch.cuda.synchronize()
-            started = clock()
-            self._keep_sample()
-            self._update_norm()
-            if cuda:
-                torch.cuda.synchronize()
-            times.append(clock() - started)
-        return min(times)
+    def end_excursion(self) -> None:
+        """The weights were replaced (a restore) or saved (a checkpoint holds no copy): an open excursion
+        ends; the rate it opened at is still not the kept one, so a step at it is copied and judged
+        again, by a resumed run as by the uninterrupted one."""
+        self.excursion = None
+        self.copied = False
 
     def turn_off(self) -> None:
-        """No more checks; the copy's memory is freed."""
+        """No more checks (a run saved with the check off goes on without it); the copy is freed."""
         self.on = self.taken = self.copied = False
-        self.copy, self._live, self._samples = [], [], []
-        self._scratch = (torch.empty(0), torch.empty(0))
+        self.copy, self.sample, self._nbytes = [], None, 0
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.copy)
+        return self._nbytes
+
+    def _lr_jumped(self) -> bool:
+        """This step's learning rate of some group is over `LR_JUMP` times that of the last update kept."""
+        lrs = self._step[1]
+        return any(
+            k is None or now is None or now > LR_JUMP * k for now, k in zip(lrs, self.kept_lrs, strict=False)
+        )
+
+    def _lr_unread(self) -> bool:
+        """No learning rate to read (an optimizer without one, or none kept yet)."""
+        lrs = self._step[1]
+        return not lrs or not self.kept_lrs or any(lr is None for lr in lrs)
 
     def _may_overshoot(self) -> bool:
         """This step shows a sign that its update may be outsized (see the module docstring): its weights
         are worth copying. Never before the check can judge (too few updates seen)."""
         if len(self.norms) < self.min_history:
             return False
-        lrs, grad_ratio = self._step
-        if not lrs or not self.kept_lrs or any(lr is None for lr in lrs):
-            return True  # no learning rate to read: copied every step
-        if any(k is None or now > LR_JUMP * k for now, k in zip(lrs, self.kept_lrs, strict=False)):
-            return True
-        return grad_ratio is not None and grad_ratio > GRAD_JUMP
+        grad_ratio = self._step[2]
+        return self._lr_unread() or self._lr_jumped() or (grad_ratio is not None and grad_ratio > GRAD_JUMP)
 
     def _allocate(self) -> None:
-        """The copy's buffers (allocated at once, as the storage plan counted them: no surprise later),
-        the sample's views of the weights, and the buffers the norm reads."""
-        self._live = [local(p).detach() for p in self.params]
-        pin = self.device == "cpu" and any(t.device.type == "cuda" for t in self._live)
+        """The copy's buffers (allocated at once, as the storage plan counted them: no surprise later) and
+        the sample."""
+        self.sample = UpdateSample(self.params)
+        live = self.sample.live
+        pin = self.device == "cpu" and any(t.device.type == "cuda" for t in live)
         self.copy = [
             torch.empty_like(t, device="cpu" if self.device == "cpu" else t.device, pin_memory=pin)
-            for t in self._live
+            for t in live
         ]
-        self._samples = self._sample(self._live)
-        self._contiguous = all(t.is_contiguous() for t in self._live)  # else sampled afresh each step
-        dtypes = {t.dtype for t in self._samples}
-        self._mixed = len(dtypes) > 1  # then each sample is cast to fp32 before it is concatenated
-        dtype = torch.float32 if self._mixed else dtypes.pop()
-        size = sum(t.numel() for t in self._samples)
-        device = self._samples[0].device
-        self._scratch = (
-            torch.empty(size, dtype=dtype, device=device),
-            torch.empty(size, dtype=dtype, device=device),
-        )
-
-    @staticmethod
-    def _sample(live: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The same share of every tensor, a contiguous run at its start (a strided sample would still read
-        every cache line), about `SAMPLE` coordinates in all."""
-        total = sum(t.numel() for t in live)
-        share = min(1.0, SAMPLE / max(total, 1))
-        counts = [max(1, math.ceil(t.numel() * share)) for t in live]
-        return [t.reshape(-1)[:n] for t, n in zip(live, counts, strict=True)]
-
-    def _concat(self, out: torch.Tensor) -> None:
-        """The sample's coordinates as they are now, into `out`: one concatenation, whatever the number
-        of tensors (per-tensor calls would cost a small model more than the arithmetic)."""
-        now = self._samples if self._contiguous else self._sample(self._live)
-        torch.cat([n.float() for n in now] if self._mixed else now, out=out)
-
-    @torch.no_grad()
-    def _keep_sample(self) -> None:
-        self._concat(self._scratch[1])
-
-    @torch.no_grad()
-    def _update_norm(self) -> float:
-        """The norm of the update on the sample."""
-        after, before = self._scratch
-        self._concat(after)
-        after.sub_(before)
-        return float(torch.linalg.vector_norm(after, dtype=torch.float32))
+        self._nbytes = sum(t.numel() * t.element_size() for t in self.copy)
 
     def _ratio(self, norm: float) -> float:
         if len(self.norms) < self.min_history:
@@ -237,18 +257,20 @@ class UpdateCheck:
 
     @torch.no_grad()
     def _paired_losses(self) -> tuple[float, float] | None:
-        """The step's batch's loss at the weights after the step and before it, or None."""
+        """The step's batch's loss at the weights after the step and at the copy's (before the step, or
+        before the excursion), or None."""
         if self.suspect_loss is None:
             return None
         after = self.suspect_loss()
         if after is None:
             return None
-        updated = [t.clone() for t in self._live]
-        torch._foreach_copy_(self._live, self.copy)
+        live = self.sample.live
+        updated = [t.clone() for t in live]
+        torch._foreach_copy_(live, self.copy)
         try:
             before = self.suspect_loss()
         finally:
-            torch._foreach_copy_(self._live, updated)
+            torch._foreach_copy_(live, updated)
         if before is None or not (math.isfinite(after) and math.isfinite(before)):
             return None
         return after, before

@@ -1,33 +1,37 @@
 """`UpdateCheck` alone: the weights are copied only before a step that shows a sign of an outsized update
 (its learning rate or gradient norm jumps), an outsized update after such a sign is judged by its own
-batch's loss, and one without a sign stays unjudged (the loss's path is left to catch it)."""
+batch's loss, a learning-rate excursion by where the rate goes, and one without a sign stays unjudged
+(the loss's path is left to catch it)."""
 
 from __future__ import annotations
 
 import torch
 
-from hf_hybrid.engine.update_check import GRAD_JUMP, LR_JUMP, UpdateCheck
+from hf_hybrid.engine.update_check import GRAD_JUMP, LR_JUMP, MAX_EXCURSION, UpdateCheck
 
 HISTORY = 20
 
 
 def _check(raised: bool = True) -> tuple[UpdateCheck, torch.Tensor, list[float]]:
     """A check on one 1000-coordinate tensor whose 'batch loss' is its distance from zero, so a step away
-    from zero raises it when `raised`; `losses` records each measurement."""
+    from zero raises it when `raised` (`check.raised`, changeable); `losses` records each measurement."""
     weights = torch.zeros(1000)
     losses: list[float] = []
 
     def suspect_loss() -> float:
-        loss = float(weights.norm()) if raised else -float(weights.norm())
+        loss = float(weights.norm()) if check.raised else -float(weights.norm())
         losses.append(loss)
         return loss
 
     check = UpdateCheck([weights], max_ratio=10.0, history=50, min_history=HISTORY, suspect_loss=suspect_loss)
+    check.raised = raised
     return check, weights, losses
 
 
-def _step(check: UpdateCheck, weights: torch.Tensor, size: float, lr: float, grad_ratio: float) -> str | None:
-    check.take(0, [lr], grad_ratio)
+def _step(
+    check: UpdateCheck, weights: torch.Tensor, size: float, lr: float, grad_ratio: float, step: int = 0
+) -> str | None:
+    check.take(step, [lr], grad_ratio)
     weights.add_(size / weights.numel() ** 0.5)  # an update of norm `size`
     return check.judge()
 
@@ -67,14 +71,45 @@ def test_an_outsized_update_without_a_sign_stays_unjudged() -> None:
     assert check.copies == 0 and check.unjudged == 1 and losses == []  # nothing measured: no copy to compare
 
 
-def test_an_outsized_update_that_lowers_its_batch_loss_stays() -> None:
+def test_an_lr_excursion_whose_updates_fit_their_own_batch_stays_while_the_rate_stays_up() -> None:
+    """An outsized update at a jumped rate that lowered its own batch's loss opens an excursion: the
+    weights of before it stay copied (no new copy at the same rate); a rate that stays up for
+    `MAX_EXCURSION` steps is a new level: everything stays and the new rate is the kept one."""
     check, weights, losses = _check(raised=False)
     _steady(check, weights)
-    assert _step(check, weights, 100.0, lr=1e-3 * LR_JUMP * 15, grad_ratio=1.0) is None
-    assert check.copies == 1 and len(losses) == 2 and check.kept_lrs == [1e-3 * LR_JUMP * 15]
-    # its rate is now the kept one: the next steps at it give no sign
-    _step(check, weights, 100.0, lr=1e-3 * LR_JUMP * 15, grad_ratio=1.0)
-    assert check.copies == 1
+    high = 1e-3 * LR_JUMP * 15
+    for step in range(1, MAX_EXCURSION + 1):
+        assert _step(check, weights, 100.0, lr=high, grad_ratio=1.0, step=step) is None
+    assert check.copies == 1 and len(losses) == 2  # copied and measured once, at the jump
+    assert check.excursion is None and check.kept_lrs == [high]
+    _step(check, weights, 100.0, lr=high, grad_ratio=1.0, step=MAX_EXCURSION + 1)
+    assert check.copies == 1  # the new level gives no sign
+
+
+def test_an_lr_burst_that_comes_back_down_is_taken_back_whole() -> None:
+    """A burst (the rate up for three steps, then back, however it was set) whose updates lowered their own
+    batches' losses: when the rate comes back and the batch of that step, which the burst never saw,
+    does worse than at the weights of before the burst, all of it is taken back, that step included."""
+    check, weights, _ = _check(raised=False)
+    _steady(check, weights)
+    before = weights.clone()
+    for step in (1, 2, 3):
+        assert _step(check, weights, 100.0, lr=1e-3 * LR_JUMP * 15, grad_ratio=1.0, step=step) is None
+    check.raised = True  # the damage shows on the next batch
+    why = _step(check, weights, 1.0, lr=1e-3, grad_ratio=1.0, step=4)
+    assert why is not None and "came back down at step 4" in why and "from step 1" in why
+    assert check.take_back() == [1, 2, 3, 4]
+    assert torch.equal(weights, before) and check.copies == 1
+
+
+def test_an_lr_burst_that_did_good_stays() -> None:
+    """The same burst, but the batch of the step the rate came back at does better than before it."""
+    check, weights, _ = _check(raised=False)
+    _steady(check, weights)
+    for step in (1, 2, 3):
+        _step(check, weights, 100.0, lr=1e-3 * LR_JUMP * 15, grad_ratio=1.0, step=step)
+    assert _step(check, weights, 1.0, lr=1e-3, grad_ratio=1.0, step=4) is None
+    assert check.excursion is None and check.kept_lrs == [1e-3]
 
 
 def test_an_optimizer_without_a_learning_rate_is_copied_every_step() -> None:

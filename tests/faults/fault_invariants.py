@@ -146,7 +146,7 @@ class _Watcher(TrainerCallback):
                 problems.append(f"{where}: a skipped step changed the optimizer state")
         if action == "restore":
             self.owner.actions_checked["spike_restore"] += 1
-            trusted = before["trusted"]
+            trusted = before["copies"][id(guard.trusted)]  # the copy put back is the trusted one now
             if any(not torch.equal(t, p) for t, p in zip(trusted["params"], guard.params, strict=True)):
                 problems.append(f"{where}: the weights are not the trusted copy's")
             live = [self.trainer.optimizer.state.get(p, {}) for p in guard.params]
@@ -156,15 +156,16 @@ class _Watcher(TrainerCallback):
 
 
 def _guard_view(guard: Any) -> dict[str, Any] | None:
-    """The spike guard's skips so far, the weights it guards and its trusted copy (None: it is off)."""
+    """The spike guard's skips so far, the weights it guards and its two copies, by store (a restore puts
+    back the trusted one or a pending one from before the fault; None: the guard is off)."""
     if not guard.params:
         return None
     return {
         "skips": len(guard.skip_steps),
         "params": [p.detach().clone() for p in guard.params],
-        "trusted": {
-            "params": [t.clone() for t in guard.trusted.params],
-            "state": copy.deepcopy(guard.trusted.state),
+        "copies": {
+            id(store): {"params": [t.clone() for t in store.params], "state": copy.deepcopy(store.state)}
+            for store in (guard.trusted, guard.pending)
         },
     }
 

@@ -168,7 +168,6 @@ def test_the_spike_guard_skips_exactly(tmp_path, invariants):
             hybrid_confidence_threshold=1.0,
             hybrid_spike_guard="on",
             hybrid_guard_every=5,
-            hybrid_guard_max_copy_share=0.0,
         )
     )
     inject(trainer, FaultWindow("garbage", 50, 3), seed=0)

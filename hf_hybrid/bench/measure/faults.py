@@ -159,26 +159,7 @@ def run_faults(
                 result = run_trial(
                     task, runner, learning_rate=lr, seed=seed, steps=task.max_steps, eval_points=eval_points
                 )
-                stats = result.stats
-                record["runs"].append(
-                    {
-                        "arm": spec, "fault": fault, "seed": seed, "eval_loss": result.eval_loss,
-                        "seconds": result.train_seconds, "engine_peak_bytes": result.engine_peak_bytes,
-                        "trainable_bytes": result.trainable_bytes, "restores": stats.get("restores", 0),
-                        "spike_skipped_steps": stats.get("spike_skipped_steps", 0),
-                        "restore_steps": stats.get("restore_steps", []),
-                        "skips": stats.get("skips", 0),
-                        "spike_guard_bytes": stats.get("spike_guard_bytes", 0),
-                        "copy_every": stats.get("spike_guard_copy_every"),
-                        "spike_guard_time_share": stats.get("timing", {}).get("parts", {}).get("spike_guard"),
-                        "update_check": stats.get("update_check", False),
-                        "taken_back_steps": stats.get("taken_back_steps", []),
-                        "largest_update_ratio": stats.get("largest_update_ratio"),
-                        "update_check_copies": stats.get("update_check_copies"),
-                        "unjudged_updates": stats.get("unjudged_updates"),
-                        "curve": [[point["step"], point["eval_loss"]] for point in result.curve],
-                    }
-                )  # fmt: skip
+                record["runs"].append(_row(spec, fault, seed, result))
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps(record, indent=1) + "\n")
                 echo(f"{task.name} seed {seed} {fault:<16} {spec:<30} eval loss {result.eval_loss:.4f}")
@@ -186,6 +167,32 @@ def run_faults(
     (Path(out) / "faults.md").write_text(tables + "\n")
     echo(tables)
     return path
+
+
+def _row(arm: str, fault: str, seed: int, result: Any) -> dict[str, Any]:
+    """What the record keeps of one run: its eval loss and curve, time and memory, the guard's actions."""
+    stats = result.stats
+    guard_share = stats.get("timing", {}).get("parts", {}).get("spike_guard")
+    kept = ("restores", "spike_skipped_steps", "skips", "spike_guard_bytes")
+    listed = ("restore_steps", "taken_back_steps")
+    return {
+        "arm": arm,
+        "fault": fault,
+        "seed": seed,
+        "eval_loss": result.eval_loss,
+        "seconds": result.train_seconds,
+        "engine_peak_bytes": result.engine_peak_bytes,
+        "trainable_bytes": result.trainable_bytes,
+        **{key: stats.get(key, 0) for key in kept},
+        **{key: stats.get(key, []) for key in listed},
+        "copy_every": stats.get("spike_guard_copy_every"),
+        "spike_guard_time_share": guard_share,
+        "update_check": stats.get("update_check", False),
+        "largest_update_ratio": stats.get("largest_update_ratio"),
+        "update_check_copies": stats.get("update_check_copies"),
+        "unjudged_updates": stats.get("unjudged_updates"),
+        "curve": [[point["step"], point["eval_loss"]] for point in result.curve],
+    }
 
 
 def best_point_table(record: dict[str, Any]) -> str:
