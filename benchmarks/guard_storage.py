@@ -9,12 +9,17 @@ time share, and the training time:
 
     python benchmarks/guard_storage.py --task decoder_ft --seeds 0 \\
         --out benchmarks/results/guard_storage/guard_storage.json
+
+`--checkpoint_sizes` instead measures what the hybrid trainer at its defaults (the spike guard on) adds to
+a checkpoint: the plain `Trainer` and it train `--steps` steps of the task and save once; the files of
+both checkpoints are summed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -63,15 +68,35 @@ def run_arm(task_name: str, size: str, arm: str, fault: str, seed: int, save_ste
         task, method, learning_rate=task.learning_rate, seed=seed, steps=task.max_steps, eval_points=1
     )
     stats = result.stats
+    keys = {"restores": 0, "restore_steps": [], "skips": 0, "spike_guard_bytes": 0}
     return {
-        "task": task_name, "size": size, "arm": arm, "fault": fault, "seed": seed,
-        "eval_loss": result.eval_loss, "seconds": result.train_seconds,
-        "restores": stats.get("restores", 0), "restore_steps": stats.get("restore_steps", []),
-        "skips": stats.get("skips", 0), "storage": stats.get("spike_guard_storage"),
-        "spike_guard_bytes": stats.get("spike_guard_bytes", 0),
+        "task": task_name,
+        "size": size,
+        "arm": arm,
+        "fault": fault,
+        "seed": seed,
+        "eval_loss": result.eval_loss,
+        "seconds": result.train_seconds,
+        **{key: stats.get(key, default) for key, default in keys.items()},
+        "storage": stats.get("spike_guard_storage"),
         "copy_every": stats.get("spike_guard_copy_every"),
         "spike_guard_time_share": stats.get("timing", {}).get("parts", {}).get("spike_guard"),
-    }  # fmt: skip
+    }
+
+
+def checkpoint_sizes(task_name: str, size: str, steps: int) -> dict[str, Any]:
+    """Bytes of the checkpoint the plain `Trainer` and the hybrid trainer at its defaults save after
+    `steps` steps of the task (each file of the folder), and the share the hybrid one adds."""
+    task = get_task(task_name).bench_task(size)
+    sizes = {}
+    for arm in ("plain", "hybrid"):
+        with tempfile.TemporaryDirectory() as out:
+            method = Saving(parse_method(arm), steps)
+            run_trial(task, method, learning_rate=task.learning_rate, seed=0, steps=steps, output_dir=out)
+            folder = Path(out) / f"checkpoint-{steps}"
+            sizes[arm] = {f.name: f.stat().st_size for f in folder.iterdir() if f.is_file()}
+    plain, hybrid = (sum(sizes[arm].values()) for arm in ("plain", "hybrid"))
+    return {"task": task_name, "size": size, "steps": steps, "files": sizes, "added": hybrid / plain - 1}
 
 
 def main() -> None:
@@ -82,9 +107,19 @@ def main() -> None:
     parser.add_argument("--save_steps", type=int, default=10)
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--out", default="benchmarks/results/guard_storage/guard_storage.json")
+    parser.add_argument("--checkpoint_sizes", action="store_true", help="measure checkpoint sizes instead")
+    parser.add_argument("--steps", type=int, default=20, help="--checkpoint_sizes: steps before the save")
     args = parser.parse_args()
     torch.set_num_threads(1)
     out = Path(args.out)
+    if args.checkpoint_sizes:
+        path = out.with_name("checkpoint_sizes.json")
+        rows = json.loads(path.read_text()) if path.is_file() else []
+        rows.append(checkpoint_sizes(args.task, args.size, args.steps))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(rows, indent=1) + "\n")
+        print(json.dumps(rows[-1], indent=1))
+        return
     rows = json.loads(out.read_text()) if out.is_file() else []
     done = {(r["task"], r["arm"], r["fault"], r["seed"]) for r in rows}
     wanted = [

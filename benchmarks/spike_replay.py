@@ -9,24 +9,35 @@ what it reads: a guarded run that restored would have a different trace after. T
 the JSON, so new settings replay for free (`--replay_only`):
 
     python benchmarks/spike_replay.py --out benchmarks/results/spike_replay/spike_replay.json
+
+Besides the arena's tasks at their budgets, a corpus of clean runs of other shapes (`CORPUS`: a nearly
+memorised classifier over ten epochs, batches of 1-4, a long run, LoRA and full fine-tunes) is recorded
+the same way, and the field's guards (`peer_guards.py`: a 6-sigma loss skip over 128 steps, ZClip) are
+replayed beside the spike guard: actions per 1,000 clean steps, with an exact Poisson interval.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from peer_guards import loss_skip_actions, zclip_actions
 from transformers import Trainer, TrainerCallback
 
 from hf_hybrid.bench.measure.faults import FAULTS, Faulted, fault_window
 from hf_hybrid.bench.methods import parse_method
 from hf_hybrid.bench.runner import run_trial
 from hf_hybrid.bench.tasks import get_task
-from hf_hybrid.engine.spike_guard import DATA, WEIGHTS, SpikeDetector, SpikeGuard, SpikeGuardConfig
+from hf_hybrid.engine.config import SpikeGuardConfig
+from hf_hybrid.engine.spike_blame import DATA, WEIGHTS, detector_for
+from hf_hybrid.engine.spike_guard import SpikeGuard
 from hf_hybrid.engine.update_check import UpdateCheck
 
 # (task, size, seeds of the clean traces, seeds of the faulted ones), at the task's default rate
@@ -43,6 +54,25 @@ ARENA_TASKS = ("minilm_lora", "minilm_cls", "decoder_lora", "decoder_ft", "clm_s
 ARENA_SEEDS = (0, 1, 2)
 ARENA_RECORDS = Path("benchmarks/results/arena")
 ARENA_EVAL_POINTS = 4
+# Clean runs of other shapes (issue 49): name -> (task, size, lr multipliers of the task's default rate,
+# seeds, overrides of the task: batch size, steps, how many training and eval examples it keeps).
+CORPUS = {
+    "memorised": (
+        "minilm_cls",
+        "full",
+        (0.5, 1.0),
+        (0, 1),
+        {"batch_size": 16, "max_steps": 160, "train": 256},
+    ),
+    "memorised_b4": ("minilm_cls", "full", (0.5,), (0,), {"batch_size": 4, "max_steps": 480, "train": 192}),
+    "clm_b1": ("clm_stdlib", "quick", (1.0, 2.0), (0,), {"batch_size": 1, "max_steps": 600}),
+    "clm_b2": ("clm_stdlib", "quick", (1.0,), (0, 1), {"batch_size": 2, "max_steps": 600}),
+    "clm_b4_long": ("clm_stdlib", "quick", (1.0,), (0,), {"batch_size": 4, "max_steps": 3000}),
+    "decoder_lora_b2": ("decoder_lora", "full", (1.0,), (0,), {"batch_size": 2, "max_steps": 400}),
+    "decoder_ft_b2": ("decoder_ft", "full", (1.0,), (0,), {"batch_size": 2, "max_steps": 400}),
+    "minilm_lora_b2": ("minilm_lora", "full", (1.0,), (0,), {"batch_size": 2, "max_steps": 400}),
+}
+CORPUS_EVAL_EXAMPLES = 256  # the corpus's runs are read for their training traces: a small eval set
 SETTINGS = {  # name: SpikeGuardConfig fields
     "patience 1 (restore at once)": {"patience": 1},
     "patience 2 (the default)": {},
@@ -104,32 +134,64 @@ def tuned_multiplier(task_name: str) -> float | None:
 
 
 def record(
-    task_name: str, size: str, fault: str, seed: int, lr_multiplier: float = 1.0, eval_points: int = 1
+    task_name: str,
+    size: str,
+    fault: str,
+    seed: int,
+    lr_multiplier: float = 1.0,
+    eval_points: int = 1,
+    variant: str | None = None,
 ) -> dict[str, Any]:
     """One plain run's trace. The verdict table's runs evaluate `ARENA_EVAL_POINTS` times, as the first
-    protocol's arena did (evaluation moves the random state, so the trajectory depends on it)."""
-    task = get_task(task_name).bench_task(size)
+    protocol's arena did (evaluation moves the random state, so the trajectory depends on it); a corpus
+    `variant` is the task with its overrides."""
+    task = _task(task_name, size, variant)
     method = parse_method("plain")
     runner = method if fault == "clean" else Faulted(method, fault)
     trace = LossTrace()
+    rate = task.learning_rate * lr_multiplier
     result = run_trial(
-        task, runner, learning_rate=task.learning_rate * lr_multiplier, seed=seed, steps=task.max_steps,
-        eval_points=eval_points, callbacks=[trace],
-    )  # fmt: skip
+        task,
+        runner,
+        learning_rate=rate,
+        seed=seed,
+        steps=task.max_steps,
+        eval_points=eval_points,
+        callbacks=[trace],
+    )
     start = None if fault == "clean" else fault_window(fault, task.max_steps).start
     return {
-        "task": task_name, "size": size, "fault": fault, "seed": seed, "fault_start": start,
-        "lr_multiplier": lr_multiplier, "learning_rate": task.learning_rate * lr_multiplier,
-        "eval_loss": result.eval_loss, "losses": trace.losses, "grad_norms": trace.grad_norms,
+        "task": task_name,
+        "size": size,
+        "fault": fault,
+        "seed": seed,
+        "fault_start": start,
+        "lr_multiplier": lr_multiplier,
+        "learning_rate": rate,
+        "eval_loss": result.eval_loss,
+        "losses": trace.losses,
+        "grad_norms": trace.grad_norms,
         "update_norms": trace.update_norms,
-    }  # fmt: skip
+        **({"variant": variant, "batch_size": task.batch_size} if variant else {}),
+    }
 
 
-def wanted_traces() -> list[tuple[str, str, str, int, float, int]]:
-    """(task, size, fault, seed, rate multiplier, evaluations) of every trace the replay reads, in
-    recording order."""
+def _task(task_name: str, size: str, variant: str | None) -> Any:
+    """The bench task at a size, with a corpus variant's overrides (fewer examples: more epochs)."""
+    task = get_task(task_name).bench_task(size)
+    if variant is None:
+        return task
+    overrides = dict(CORPUS[variant][4])
+    train = task.train.select(range(min(len(task.train), overrides.pop("train", len(task.train)))))
+    evaluation = task.evaluation.select(range(min(len(task.evaluation), CORPUS_EVAL_EXAMPLES)))
+    return dataclasses.replace(task, train=train, evaluation=evaluation, eval_clusters=None, **overrides)
+
+
+def wanted_traces() -> list[tuple[str, str, str, int, float, int, str | None]]:
+    """(task, size, fault, seed, rate multiplier, evaluations, corpus variant) of every trace the replay
+    reads, in recording order."""
     wanted = [
-        (task, size, fault, seed, 1.0, 1)
+        (task, size, fault, seed, 1.0, 1, None)
         for task, size, clean_seeds, fault_seeds in TRACES
         for fault, seed in [("clean", s) for s in clean_seeds] + [(f, s) for f in FAULTS for s in fault_seeds]
     ]
@@ -137,21 +199,32 @@ def wanted_traces() -> list[tuple[str, str, str, int, float, int]]:
         tuned = tuned_multiplier(task)
         if tuned is not None:
             wanted += [
-                (task, "full", "clean", seed, m, ARENA_EVAL_POINTS)
+                (task, "full", "clean", seed, m, ARENA_EVAL_POINTS, None)
                 for seed in ARENA_SEEDS
                 for m in (tuned, 2 * tuned)
             ]
-    return wanted
+    return wanted + corpus_traces()
 
 
-def trace_key(trace: dict[str, Any]) -> tuple[str, str, str, int, float]:
-    return trace["task"], trace["size"], trace["fault"], trace["seed"], trace.get("lr_multiplier", 1.0)
+def corpus_traces() -> list[tuple[str, str, str, int, float, int, str | None]]:
+    """The corpus's clean runs, cheapest first."""
+    return [
+        (task, size, "clean", seed, rate, 1, name)
+        for name, (task, size, rates, seeds, _) in CORPUS.items()
+        for rate in rates
+        for seed in seeds
+    ]
+
+
+def trace_key(trace: dict[str, Any]) -> tuple[str, str, str, int, float, str | None]:
+    key = trace["task"], trace["size"], trace["fault"], trace["seed"], trace.get("lr_multiplier", 1.0)
+    return (*key, trace.get("variant"))
 
 
 def detector_fires(trace: dict[str, Any]) -> list[int]:
     """The 1-based steps at which the guard's detector fires when every step is applied (as a plain run
     applies them): a sudden spike, or a lasting shift whose own step is up too, as the guard judges."""
-    detector = SpikeDetector(SpikeGuardConfig())
+    detector = detector_for(SpikeGuardConfig())
     fired: list[int] = []
     for step, (loss, grad_norm) in enumerate(_steps(trace), start=1):
         lasting = detector.lasting(loss)
@@ -172,10 +245,8 @@ def update_check_fires(trace: dict[str, Any]) -> tuple[list[int], float] | None:
     if "update_norms" not in trace:
         return None
     config = SpikeGuardConfig()
-    check = UpdateCheck(
-        [], max_ratio=config.max_update_ratio, history=config.history, min_history=config.min_history,
-        suspect_loss=None,
-    )  # fmt: skip
+    limits = {"history": config.history, "min_history": config.min_history}
+    check = UpdateCheck([], max_ratio=config.max_update_ratio, suspect_loss=None, **limits)
     fired: list[int] = []
     largest = 0.0
     for step, norm in enumerate(trace["update_norms"], start=1):
@@ -201,8 +272,9 @@ def replay_guard(trace: dict[str, Any], fields: dict[str, Any], blamed: str) -> 
     def suspect_loss() -> float:
         return measured["data"] if blamed == DATA else measured["weights"]
 
-    config = SpikeGuardConfig(**{"max_copy_share": 0.0, **fields})  # copies every `every`: no clock
-    guard = SpikeGuard(torch.optim.SGD([param], lr=0.1), config, suspect_loss=suspect_loss)
+    guard = SpikeGuard(
+        torch.optim.SGD([param], lr=0.1), SpikeGuardConfig(**fields), suspect_loss=suspect_loss
+    )
     skips: list[int] = []
     for step, (loss, grad_norm) in enumerate(_steps(trace), start=1):
         measured["data"] = loss
@@ -242,8 +314,106 @@ def _steps(trace: dict[str, Any]) -> list[tuple[float, float | None]]:
 
 
 def _name(trace: dict[str, Any]) -> str:
-    rate = trace.get("lr_multiplier", 1.0)
-    return f"{trace['task']} ({trace['size']}) lr x{rate:g} {trace['fault']} s{trace['seed']}"
+    rate, variant = trace.get("lr_multiplier", 1.0), trace.get("variant")
+    size = f"{variant}, batch {trace['batch_size']}" if variant else trace["size"]
+    return f"{trace['task']} ({size}) lr x{rate:g} {trace['fault']} s{trace['seed']}"
+
+
+def guard_actions(trace: dict[str, Any]) -> int:
+    """The spike guard's actions on a clean trace, whichever the second measurement blames (the more of
+    the two), and the outsized updates the update check would judge (each could be taken back)."""
+    counts = [_count(replay_guard(trace, {}, culprit)) for culprit in (DATA, WEIGHTS)]
+    judged = update_check_fires(trace)
+    return max(counts) + (len(judged[0]) if judged else 0)
+
+
+def _count(outcome: str) -> int:
+    skips = 0 if outcome.startswith("0") else int(outcome.split(" ")[0])
+    return skips + ("restore" in outcome)
+
+
+def corpus_table(traces: list[dict[str, Any]]) -> str:
+    """The corpus's clean runs, one row each: its steps, where the detector fired, and what each guard
+    does on it (the spike guard as `guard_actions` counts; the peers' actions at their steps)."""
+    lines = [
+        "| run | steps | eval loss | detector fired at | spike guard | 6-sigma loss skip | ZClip clips |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for trace in (t for t in traces if t.get("variant")):
+        fired, peers = detector_fires(trace), _peer_actions(trace)
+        cells = [f"{len(a)} ({_steps_text(a)})" if a else "0" for a in peers]
+        lines.append(
+            f"| {_name(trace)} | {len(trace['losses'])} | {trace['eval_loss']:.4f} | "
+            f"{_steps_text(fired) or '-'} | {guard_actions(trace)} | {cells[0]} | {cells[1]} |"
+        )
+    return "\n".join(lines)
+
+
+def _peer_actions(trace: dict[str, Any]) -> tuple[list[int], list[int]]:
+    norms = trace.get("grad_norms") or [None] * len(trace["losses"])
+    return loss_skip_actions(trace["losses"], norms), zclip_actions(norms)
+
+
+def false_alarm_table(traces: list[dict[str, Any]]) -> str:
+    """Actions per 1,000 clean steps over every clean trace recorded with gradient norms (the arena's runs
+    and the corpus), each guard, with an exact 95% Poisson interval; and on the faulted traces, how many
+    of the fault's steps each one acts on (a replay: the guarded run would see other losses after)."""
+    clean = [t for t in traces if t["fault"] == "clean" and t.get("grad_norms")]
+    steps = sum(len(t["losses"]) for t in clean)
+    counts = [sum(guard_actions(t) for t in clean)]
+    peers = [_peer_actions(t) for t in clean]
+    counts += [sum(len(p[0]) for p in peers), sum(len(p[1]) for p in peers)]
+    lines = [
+        f"| guard | actions on {len(clean)} clean runs ({steps} steps) | per 1,000 clean steps (95% CI) |",
+        "|---|---|---|",
+    ]
+    for name, count in zip(
+        ("spike guard", "6-sigma loss skip (128 steps)", "ZClip (2.5 sigma)"), counts, strict=True
+    ):
+        rate, low, high = (1000 * x / steps for x in (count, *poisson_interval(count)))
+        lines.append(f"| {name} | {count} | {rate:.2f} ({low:.2f}-{high:.2f}) |")
+    return "\n".join(lines) + "\n\n" + _fault_catch_table(traces)
+
+
+def _fault_catch_table(traces: list[dict[str, Any]]) -> str:
+    """Per faulted trace: the fault's steps each guard acts on (the spike guard with the fault's culprit)."""
+    lines = [
+        "| faulted trace | fault's steps | spike guard | 6-sigma loss skip | ZClip clips |",
+        "|---|---|---|---|---|",
+    ]
+    for trace in (t for t in traces if t["fault"] != "clean" and t.get("grad_norms")):
+        window = fault_window(trace["fault"], len(trace["losses"]))
+        inside = range(window.start + 1, window.start + window.steps + 1)
+        blamed = WEIGHTS if trace["fault"] == "lr_burst" else DATA
+        peers = [[s for s in acted if s in inside] for acted in _peer_actions(trace)]
+        lines.append(
+            f"| {_name(trace)} | {inside.start}-{inside.stop - 1} | {replay_guard(trace, {}, blamed)} | "
+            f"{len(peers[0])}/{window.steps} | {len(peers[1])}/{window.steps} |"
+        )
+    return "\n".join(lines)
+
+
+def poisson_interval(count: int, level: float = 0.95) -> tuple[float, float]:
+    """The exact (Garwood) interval of a Poisson mean from one count."""
+    tail = (1 - level) / 2
+
+    def cdf(k: int, mean: float) -> float:
+        term = total = math.exp(-mean)
+        for i in range(1, k + 1):
+            term *= mean / i
+            total += term
+        return total
+
+    def solve(target: Callable[[float], float]) -> float:
+        low, high = 0.0, 10.0 * count + 10.0
+        for _ in range(100):
+            mid = (low + high) / 2
+            low, high = (mid, high) if target(mid) > 0 else (low, mid)
+        return (low + high) / 2
+
+    lower = 0.0 if count == 0 else solve(lambda m: tail - (1 - cdf(count - 1, m)))
+    upper = solve(lambda m: cdf(count, m) - tail)
+    return lower, upper
 
 
 def summary(traces: list[dict[str, Any]]) -> str:
@@ -286,9 +456,8 @@ def clean_table(traces: list[dict[str, Any]]) -> str:
         for multiplier, label in ((tuned, "tuned"), (2 * tuned, "x2")):
             cells = []
             for seed in ARENA_SEEDS:
-                trace = next(
-                    (t for t in arena if trace_key(t) == (task, "full", "clean", seed, multiplier)), None
-                )
+                key = (task, "full", "clean", seed, multiplier, None)
+                trace = next((t for t in arena if trace_key(t) == key), None)
                 if trace is None:
                     cells.append("not recorded")
                     continue
@@ -307,6 +476,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/spike_replay/spike_replay.json")
     parser.add_argument("--replay_only", action="store_true", help="replay the recorded traces, train none")
     parser.add_argument("--tasks", nargs="+", default=list(ARENA_TASKS), help="record these tasks' only")
+    parser.add_argument("--corpus_only", action="store_true", help="record the corpus's runs only")
     parser.add_argument(
         "--add_update_norms",
         action="store_true",
@@ -320,11 +490,11 @@ def main() -> None:
     done = {trace_key(t) for t in traces if "update_norms" in t or not args.add_update_norms}
     if not args.replay_only:
         # the verdict table's clean runs and the lr bursts first: what the update check is judged on
-        order = sorted(wanted_traces(), key=lambda w: w[2] != "lr_burst" and w[5] == 1)
-        for task_name, size, fault, seed, multiplier, eval_points in order:
-            if (task_name, size, fault, seed, multiplier) in done or task_name not in args.tasks:
+        order = corpus_traces() if args.corpus_only else wanted_traces()
+        for task_name, size, fault, seed, multiplier, eval_points, variant in order:
+            if (task_name, size, fault, seed, multiplier, variant) in done or task_name not in args.tasks:
                 continue
-            new = record(task_name, size, fault, seed, multiplier, eval_points)
+            new = record(task_name, size, fault, seed, multiplier, eval_points, variant)
             old = [i for i, t in enumerate(traces) if trace_key(t) == trace_key(new)]
             if old and traces[old[0]]["losses"] != new["losses"]:  # the task or the libraries changed since
                 pairs = zip(traces[old[0]]["losses"], new["losses"], strict=False)
@@ -334,12 +504,9 @@ def main() -> None:
             traces = [t for i, t in enumerate(traces) if i not in old] + [new]
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(traces) + "\n")
-            print(
-                f"{task_name} x{multiplier:g} {fault} seed {seed}: {len(traces[-1]['losses'])} steps, "
-                f"eval loss {traces[-1]['eval_loss']:.4f}",
-                flush=True,
-            )
-    table = clean_table(traces) + "\n\n" + summary(traces)
+            print(f"{_name(new)}: {len(new['losses'])} steps, eval loss {new['eval_loss']:.4f}", flush=True)
+    tables = (clean_table(traces), corpus_table(traces), false_alarm_table(traces), summary(traces))
+    table = "\n\n".join(tables)
     out.with_suffix(".md").write_text(table + "\n")
     print(table)
 

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import hybrid_trainer, lora_gpt2, plain_trainer, step_logs
-from transformers import TrainerCallback
+from helpers import common_args, hybrid_trainer, lora_gpt2, plain_trainer, step_logs, tiny_data
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
+from hf_hybrid import HybridHFTrainer, HybridTrainingArguments
 from hf_hybrid.bench.measure.faults import FaultWindow, inject
 from hf_hybrid.engine.phases import PhaseSchedule
 from hf_hybrid.engine.spike_guard import SpikeGuard
@@ -435,3 +436,54 @@ def test_the_guard_is_on_by_default_and_says_so_at_default_verbosity(tmp_path, c
     off = hybrid_trainer(tmp_path / "off", max_steps=2, hybrid_spike_guard="off")
     off.train()
     assert not off.hybrid_stats()["spike_guard"]
+
+
+class HandMadeBurst(TrainerCallback):
+    """A user's own lr logic gone wrong: the param groups' rate x30 for steps 21-23 (1-based)."""
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any):
+        if 20 <= state.global_step < 23:
+            for group in optimizer.param_groups:
+                group["lr"] *= 30
+
+
+def _tiny_llama(pretrained: dict[str, torch.Tensor] | None = None) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    sizes = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+    model = LlamaForCausalLM(
+        LlamaConfig(vocab_size=256, num_key_value_heads=2, max_position_embeddings=32, **sizes)
+    )
+    if pretrained is not None:
+        model.load_state_dict(pretrained)
+    return model
+
+
+def test_a_40_step_fine_tune_with_a_hand_made_lr_burst_is_not_worse_guarded(tmp_path):
+    """Issue 49's case, tiny: a 40-step fine-tune of a (briefly pretrained) tiny Llama, batch 8, lr 3e-3
+    with the linear schedule, the rate x30 for steps 21-23 by a callback editing the param groups. With
+    no guard flag (the default, `auto`) the run ends no worse than the plain Trainer's, here by far: the
+    burst's updates are taken back when the rate comes down (they had been 19x the recent ones)."""
+    train, evaluation = tiny_data()
+    base_args = TrainingArguments(**common_args(tmp_path / "base", max_steps=100))
+    base = Trainer(model=_tiny_llama(), args=base_args, train_dataset=train)
+    base.train()
+    pretrained = {k: v.clone() for k, v in base.model.state_dict().items()}
+    args = common_args(tmp_path / "run", lr_scheduler_type="linear")  # 40 steps, batch 8, lr 3e-3
+
+    def final_eval(trainer: Trainer, burst: bool) -> float:
+        if burst:
+            trainer.add_callback(HandMadeBurst())
+        trainer.train()
+        return trainer.evaluate(evaluation)["eval_loss"]
+
+    def plain() -> Trainer:
+        return Trainer(model=_tiny_llama(pretrained), args=TrainingArguments(**args), train_dataset=train)
+
+    clean, burst = final_eval(plain(), False), final_eval(plain(), True)
+    guarded = HybridHFTrainer(
+        model=_tiny_llama(pretrained), args=HybridTrainingArguments(**args), train_dataset=train
+    )
+    damage = final_eval(guarded, True) - clean
+    assert guarded.hybrid_stats()["spike_guard"] and burst - clean > 0.05
+    assert damage <= burst - clean and damage < 0.25 * (burst - clean), (damage, burst - clean)
+    assert guarded.hybrid_stats()["taken_back_steps"] == [21, 22, 23, 24]

@@ -1,0 +1,144 @@
+"""The field's guards against loss spikes, beside the spike guard: on recorded traces (what each would
+have done: `spike_replay.py`'s false-alarm table) and as `Trainer` subclasses the fault bench runs
+(`hf-hybrid bench --faults --methods benchmarks.peer_guards:LossSkipTrainer ...`, with `PYTHONPATH=.`).
+
+- `LossSkip`: a step whose loss or gradient norm is more than 6 standard deviations above the mean of the
+  last 128 steps is skipped (its update never applied), once the window is full: the defaults of the
+  skip-step optimizer of a large open training stack (OLMo-core's `SkipStepOptimizer`).
+- `ZClip` (Kumar et al., 2025, "ZClip: Adaptive Spike Mitigation for LLM Pre-Training"): an exponential
+  moving mean and variance of the gradient norm (alpha 0.97, started from the first 25 steps); a norm over
+  2.5 standard deviations above the mean is clipped to mean + (2.5^2 / z) std (the paper's reciprocal
+  mode), and the clipped norm joins the averages. Its "action" is a clip.
+
+Both are written from their papers' descriptions, not copied: the baselines' false-alarm rates and the
+damage they recover are this project's measurements of these rules.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from typing import Any
+
+import torch
+from transformers import Trainer
+
+LOSS_SKIP_WINDOW, LOSS_SKIP_SIGMA = 128, 6.0
+ZCLIP_ALPHA, ZCLIP_Z, ZCLIP_WARMUP = 0.97, 2.5, 25
+
+
+class LossSkip:
+    """Skip a step whose loss or gradient norm is over `LOSS_SKIP_SIGMA` standard deviations above the
+    mean of the last `LOSS_SKIP_WINDOW` steps (every step joins the window; none judged before it is
+    full)."""
+
+    def __init__(self) -> None:
+        self.losses: deque[float] = deque(maxlen=LOSS_SKIP_WINDOW)
+        self.norms: deque[float] = deque(maxlen=LOSS_SKIP_WINDOW)
+
+    def skips(self, loss: float, grad_norm: float | None) -> bool:
+        skip = _far(self.losses, loss) or (grad_norm is not None and _far(self.norms, grad_norm))
+        self.losses.append(loss)
+        if grad_norm is not None:
+            self.norms.append(grad_norm)
+        return skip
+
+
+def _far(window: deque[float], value: float) -> bool:
+    if len(window) < LOSS_SKIP_WINDOW:
+        return False
+    mean, std = statistics.fmean(window), statistics.pstdev(window)
+    return value - mean > LOSS_SKIP_SIGMA * max(std, 1e-12)
+
+
+class ZClip:
+    """The clip threshold for each step's gradient norm (None: not clipped)."""
+
+    def __init__(self) -> None:
+        self.warmup: list[float] = []
+        self.mean = self.var = 0.0
+
+    def threshold(self, norm: float) -> float | None:
+        if len(self.warmup) < ZCLIP_WARMUP:
+            self.warmup.append(norm)
+            if len(self.warmup) == ZCLIP_WARMUP:
+                self.mean, self.var = statistics.fmean(self.warmup), statistics.pvariance(self.warmup)
+            return None
+        std = math.sqrt(max(self.var, 1e-24))
+        z = (norm - self.mean) / std
+        clipped = self.mean + (ZCLIP_Z**2 / z) * std if z > ZCLIP_Z else None
+        seen = norm if clipped is None else clipped
+        self.mean = ZCLIP_ALPHA * self.mean + (1 - ZCLIP_ALPHA) * seen
+        self.var = ZCLIP_ALPHA * self.var + (1 - ZCLIP_ALPHA) * (seen - self.mean) ** 2
+        return clipped
+
+
+def loss_skip_actions(losses: list[float], grad_norms: list[float | None]) -> list[int]:
+    """The 1-based steps `LossSkip` skips on a recorded trace."""
+    rule = LossSkip()
+    return [
+        step
+        for step, (loss, norm) in enumerate(zip(losses, grad_norms, strict=True), 1)
+        if rule.skips(loss, norm)
+    ]
+
+
+def zclip_actions(grad_norms: list[float | None]) -> list[int]:
+    """The 1-based steps `ZClip` clips on a recorded trace (the norms before the Trainer's own clip)."""
+    rule = ZClip()
+    return [
+        step
+        for step, norm in enumerate(grad_norms, 1)
+        if norm is not None and rule.threshold(norm) is not None
+    ]
+
+
+class LossSkipTrainer(Trainer):
+    """The plain `Trainer` with `LossSkip`: a skipped step's optimizer step is not taken (the scheduler
+    follows the step count, as the spike guard's skips do)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rule, self.skipped, self._loss, self._skip = LossSkip(), [], math.nan, False
+
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        self._loss = float(loss.detach())
+        return loss
+
+    def _clip_grad_norm(self, model: Any) -> Any:
+        norm = super()._clip_grad_norm(model)
+        self._skip = self.rule.skips(self._loss, None if norm is None else float(norm))
+        if self._skip:
+            self.skipped.append(self.state.global_step + 1)
+            model.zero_grad()
+        return norm
+
+    def create_optimizer(self, *args: Any, **kwargs: Any) -> Any:
+        optimizer = super().create_optimizer(*args, **kwargs)
+        step = optimizer.step
+
+        def guarded_step(*step_args: Any, **step_kwargs: Any) -> Any:
+            return None if self._skip else step(*step_args, **step_kwargs)
+
+        optimizer.step = guarded_step
+        return optimizer
+
+
+class ZClipTrainer(Trainer):
+    """The plain `Trainer` with `ZClip` before its own `max_grad_norm` clip."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rule, self.clipped = ZClip(), []
+
+    def _clip_grad_norm(self, model: Any) -> Any:
+        params = [p for p in model.parameters() if p.grad is not None]
+        norm = float(torch.nn.utils.get_total_norm([p.grad for p in params]))
+        limit = self.rule.threshold(norm)
+        if limit is not None:
+            self.clipped.append(self.state.global_step + 1)
+            torch.nn.utils.clip_grad_norm_(params, limit)
+        clipped_norm = super()._clip_grad_norm(model)
+        return norm if limit is not None else clipped_norm
