@@ -397,12 +397,8 @@ def poisson_interval(count: int, level: float = 0.95) -> tuple[float, float]:
     """The exact (Garwood) interval of a Poisson mean from one count."""
     tail = (1 - level) / 2
 
-    def cdf(k: int, mean: float) -> float:
-        term = total = math.exp(-mean)
-        for i in range(1, k + 1):
-            term *= mean / i
-            total += term
-        return total
+    def cdf(k: int, mean: float) -> float:  # in logs: exp(-mean) alone underflows for large counts
+        return sum(math.exp(i * math.log(mean) - mean - math.lgamma(i + 1)) for i in range(k + 1))
 
     def solve(target: Callable[[float], float]) -> float:
         low, high = 0.0, 10.0 * count + 10.0

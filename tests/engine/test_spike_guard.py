@@ -229,6 +229,27 @@ def test_a_run_of_hard_batches_is_skipped_from_its_second_firing_step(hard: rang
     assert all(_same(loop.before[s], loop.after[s]) for s in skipped)
 
 
+def test_a_hard_clean_batch_of_a_nearly_fitted_run_is_not_gross_but_garbage_is() -> None:
+    """Every 16th batch is a hard one (noisy targets, as a classifier's few examples it cannot fit come
+    round each epoch): once the run fits the rest, such a batch is many times the level (the detector
+    fires on it, and it is as hard at the trusted weights: the data's), but no harder than the hard batches
+    of the window before it, so it is left alone. Random targets far above any batch the run has seen are
+    skipped at once."""
+    loop = Loop(SpikeGuardConfig(every=10))
+    clean_y = loop.y.clone()
+    noisy = clean_y + 0.5 * torch.randn(clean_y.shape, generator=torch.Generator().manual_seed(2))
+    for step in range(1, 201):
+        loop.y = noisy if step % 16 == 0 else clean_y
+        loop.run(range(step, step + 1))
+    loop.y = clean_y
+    stats = loop.engine.stats()
+    assert stats["blamed_data"] >= 3  # the hard batches fired, blamed on the data
+    assert loop.guard.detector.level() * 3 < max(loop.guard.detector.losses)  # many times the level
+    assert stats["skips"] == 0 and stats["restores"] == 0, stats["skip_steps"]  # a level-only rule: 5
+    loop.run(range(201, 204), garbage=range(202, 203))
+    assert loop.engine.stats()["skip_steps"] == [202]
+
+
 def test_a_restore_puts_back_the_trusted_copy_exactly() -> None:
     """Weights and every optimizer-state tensor equal the state after the trusted copy's step."""
     loop = Loop(SpikeGuardConfig(every=10)).run(range(1, 81), keep=True)
