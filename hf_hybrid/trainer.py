@@ -560,6 +560,9 @@ class _CheckpointCopy:
     def take(self, step: int, params: list[torch.Tensor], optimizer: Any) -> None:
         self.step = step
 
+    def reserve(self, params: list[torch.Tensor], optimizer: Any) -> None:
+        """Nothing is held in memory."""
+
     def clear(self) -> None:
         self.step = None
 

@@ -94,8 +94,7 @@ class CopySchedule:
         self.clean_since_pending = 0
         other = self.trusted
         if other.periodic and other.step is None and other.nbytes() == 0:
-            other.take(step, self.params, self.optimizer)
-            other.step = None
+            other.reserve(self.params, self.optimizer)
 
     def state_dict(self) -> dict[str, Any]:
         """The copies' steps (not their tensors: a resumed run copies the state it loaded again)."""

@@ -30,6 +30,9 @@ class CopyStore(Protocol):
 
     def take(self, step: int, params: list[torch.Tensor], optimizer: Any) -> None: ...
 
+    def reserve(self, params: list[torch.Tensor], optimizer: Any) -> None:
+        """Hold the buffers of a copy of `params` and their optimizer state, without copying into them."""
+
     def clear(self) -> None:
         """Hold nothing (and free what was held)."""
 
@@ -63,13 +66,19 @@ class HostCopy:
         self._nbytes = 0  # counted when the buffers change, not at every read (the console reads it)
 
     def take(self, step: int, params: list[torch.Tensor], optimizer: Any) -> None:
+        self._fill(params, optimizer, copy=True)
         self.step = step
-        self.params = [_copy_into(old, p, self.device) for old, p in _pad(self.params, params)]
+
+    def reserve(self, params: list[torch.Tensor], optimizer: Any) -> None:
+        self._fill(params, optimizer, copy=False)
+
+    def _fill(self, params: list[torch.Tensor], optimizer: Any, copy: bool) -> None:
+        self.params = [_copy_into(old, p, self.device, copy) for old, p in _pad(self.params, params)]
         if not self.weights_only:
             states = [optimizer.state.get(p, {}) for p in params]
             self.state = [
                 {
-                    k: _copy_into(old.get(k), v, self.device) if torch.is_tensor(v) else _plain(v)
+                    k: _copy_into(old.get(k), v, self.device, copy) if torch.is_tensor(v) else _plain(v)
                     for k, v in state.items()
                 }
                 for old, state in ((o or {}, s) for o, s in _pad(self.state, states))
@@ -120,6 +129,9 @@ class NoCopy:
 
     def take(self, step: int, params: list[torch.Tensor], optimizer: Any) -> None:
         """Nothing is kept."""
+
+    def reserve(self, params: list[torch.Tensor], optimizer: Any) -> None:
+        """Nothing is held."""
 
     def clear(self) -> None:
         self.step = None
@@ -179,11 +191,14 @@ def _plain(value: Any) -> Any:
     return list(value) if isinstance(value, list) else dict(value) if isinstance(value, dict) else value
 
 
-def _copy_into(buf: torch.Tensor | None, tensor: torch.Tensor, device: str) -> torch.Tensor:
+def _copy_into(
+    buf: torch.Tensor | None, tensor: torch.Tensor, device: str, copy: bool = True
+) -> torch.Tensor:
     src = local(tensor).detach()
     target = torch.device("cpu") if device == "cpu" else src.device
     if buf is None or buf.shape != src.shape or buf.dtype != src.dtype or buf.device != target:
         pin = target.type == "cpu" and src.device.type == "cuda"
         buf = torch.empty(src.shape, dtype=src.dtype, device=target, pin_memory=pin)
-    buf.copy_(src, non_blocking=buf.is_pinned())
+    if copy:
+        buf.copy_(src, non_blocking=buf.is_pinned())
     return buf
