@@ -12,19 +12,30 @@ have done: `spike_replay.py`'s false-alarm table) and as `Trainer` subclasses th
 
 Both are written from their papers' descriptions, not copied: the baselines' false-alarm rates and the
 damage they recover are this project's measurements of these rules.
+
+    python benchmarks/peer_guards.py benchmarks/results/faults   # the damage each guard recovers, per fault
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import statistics
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import Trainer
 
 LOSS_SKIP_WINDOW, LOSS_SKIP_SIGMA = 128, 6.0
+# the fault bench's arm names of the three guards, as the damage table shows them
+GUARD_ARMS = {
+    "spike guard": "hybrid:spike_guard=on",
+    "6-sigma loss skip": "benchmarks.peer_guards:LossSkipTrainer",
+    "ZClip": "benchmarks.peer_guards:ZClipTrainer",
+}
 ZCLIP_ALPHA, ZCLIP_Z, ZCLIP_WARMUP = 0.97, 2.5, 25
 
 
@@ -142,3 +153,62 @@ class ZClipTrainer(Trainer):
             torch.nn.utils.clip_grad_norm_(params, limit)
         clipped_norm = super()._clip_grad_norm(model)
         return norm if limit is not None else clipped_norm
+
+
+def damages(record: dict[str, Any], arm: str, fault: str, seeds: list[int]) -> list[float]:
+    """Per seed: the arm's final eval loss under `fault` minus its own clean run's (the fault bench's
+    reading, `hf_hybrid/bench/measure/faults.py`)."""
+    runs = {(r["arm"], r["fault"], r["seed"]): r["eval_loss"] for r in record["runs"]}
+    return [runs[arm, fault, seed] - runs[arm, "clean", seed] for seed in seeds]
+
+
+def damage_table(records: dict[str, dict[str, Any]]) -> str:
+    """Per fault bench record and fault, on the seeds where plain and every guard ran it and its clean run:
+    plain's damage (mean over those seeds) and each guard's, with the share of plain's it recovered
+    (1 - guard's / plain's; over 100% when the guarded run ends below its clean run, none where the fault
+    did plain no harm)."""
+    lines = [
+        "| record | fault | seeds | plain | " + " | ".join(GUARD_ARMS) + " |",
+        "|---|---|---|---|" + "---|" * len(GUARD_ARMS),
+    ]
+    for name, record in records.items():
+        present = {(r["arm"], r["fault"], r["seed"]) for r in record["runs"]}
+        faults = dict.fromkeys(r["fault"] for r in record["runs"] if r["fault"] != "clean")
+        for fault in faults:
+            arms = ["plain", *GUARD_ARMS.values()]
+            seeds = sorted(
+                {
+                    s
+                    for (_, _, s) in present
+                    if all((a, f, s) in present for a in arms for f in (fault, "clean"))
+                }
+            )
+            if not seeds:
+                continue
+            plain = statistics.fmean(damages(record, "plain", fault, seeds))
+            cells = [
+                _recovered(statistics.fmean(damages(record, arm, fault, seeds)), plain) for arm in arms[1:]
+            ]
+            seeds_text = ", ".join(map(str, seeds))
+            lines.append(f"| `{name}` | {fault} | {seeds_text} | {plain:+.4f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _recovered(damage: float, plain: float) -> str:
+    share = f" ({1 - damage / plain:.0%} recovered)" if plain > 0 else ""
+    return f"{damage:+.4f}{share}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="The damage each guard recovers, from fault bench records.")
+    parser.add_argument("folder", help="a folder holding fault bench records (<task>/faults.json, any depth)")
+    folder = Path(parser.parse_args().folder)
+    records = {
+        str(path.parent.relative_to(folder)): json.loads(path.read_text())
+        for path in sorted(folder.rglob("faults.json"))
+    }
+    print(damage_table(records))
+
+
+if __name__ == "__main__":
+    main()

@@ -71,8 +71,8 @@ _DEMO_HYBRID = {
     "hybrid_max_predict_steps": 8,
     "hybrid_confidence_threshold": 0.3,
 }
-# The spike runs' hybrid trainer: never predicts (a skill of 1 is never measured), the spike guard on
-# wherever its copies fit: what a user gets who turns the guard on and prediction off.
+# The spike runs' hybrid trainer: never predicts (a skill of 1 is never measured), the spike guard at its
+# default (`auto`, on wherever its copies fit; written out so that the demo's header names it).
 GUARD_ONLY = {"hybrid_confidence_threshold": 1.0, "hybrid_spike_guard": "auto"}
 SIZES: dict[str, DemoSize] = {
     "default": DemoSize(

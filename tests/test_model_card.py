@@ -33,6 +33,9 @@ def assert_section_has_the_run(text: str, stats: dict[str, Any], args: Any) -> N
     assert "| mean update skill | " in text and "| mean update skill | n/a |" not in text
     assert "| wall-clock time saved, measured per step | " in text
     assert f"| `hybrid_seed` | `{args.seed}` |" in text  # resolved: the training seed, not None
+    assert stats["spike_guard"] and args.hybrid_spike_guard == "auto"  # on, with no flag given
+    assert "| spike guard | on (`hybrid_spike_guard=auto`, the default) | " in text
+    assert f"| spike guard: outsized updates taken back | {stats['updates_taken_back']}" in text
     assert_every_number_is_explained(text, args.hybrid_confidence_threshold)
 
 
@@ -148,6 +151,31 @@ def test_template_intro_says_whether_steps_were_predicted(skipped):
         text = render_section(card_context(warmup_only, {}, {"hybrid_predictor": "ema"}, []))
         assert "No optimizer step was predicted: the run ended within its warmup (10 steps)" in text
     assert "| mean update skill | n/a |" in text
+
+
+@pytest.mark.parametrize("mode", ["auto", "off"])
+def test_a_guard_that_was_off_says_so(mode):
+    """A card never leaves the guard unmentioned: off by the user, or `auto` with nothing that fitted."""
+    from hf_hybrid.model_card import card_context, render_section
+
+    stats = {
+        "steps": 4,
+        "steps_per_phase": {"warmup": 4, "full": 0, "predict": 0, "correct": 0},
+        "backward_run": 4,
+        "backward_skipped": 0,
+        "backward_skipped_fraction": 0.0,
+        "predict_phases": 0,
+        "rollbacks": 0,
+        "forced_full": 0,
+        "refused_updates": 0,
+        "compute_saved_fraction": 0.0,
+        "predictor_bytes": 8,
+        "engine_bytes": 16,
+    }
+    text = render_section(card_context(stats, {}, {"hybrid_spike_guard": mode}, []))
+    said = {"auto": "off (`auto`: no copy fitted", "off": "off (`hybrid_spike_guard=off`)"}[mode]
+    assert f"| spike guard | {said}" in text
+    assert "| spike guard: restores" not in text
 
 
 def test_intro_of_a_run_that_never_predicted_gives_the_confidence_against_the_threshold():

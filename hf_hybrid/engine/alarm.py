@@ -28,7 +28,7 @@ class DivergenceLevel(IntEnum):
 class Alarm:
     """One thing that went wrong. `blames_weights=False` for failures that say nothing about the
     parameters (a predictor that crashed while only being scored): they never cause a rollback.
-    `restorable`: a loss spike the spike guard can undo by restoring its last trusted copy;
+    `restorable`: a loss spike the spike guard can undo by restoring a copy from before it;
     `skips_step`: the step's update must not be applied (a non-finite gradient, or a spike blamed on the
     batch); `takes_back`: that update was applied before it was judged (the spike guard's update check),
     so skipping it puts back the weights of before the step; `spike`: raised by the spike guard (its skips

@@ -6,7 +6,7 @@
 
 The caller (a Trainer, or any plain PyTorch loop) never decides anything itself. The engine changes
 what it was given: the parameters (a predicted update, a rollback to a phase's snapshot) and, through
-the spike guard, the optimizer's state (a restore puts back the trusted copy's weights and moments); it
+the spike guard, the optimizer's state (a restore puts back a copy's weights and moments); it
 calls the caller back through the optimizer-step callable, `probe`, and the guard's `suspect_loss`.
 Everything it decides is derived from scalars that are identical on every rank (the caller all-reduces
 the loss), so no rank drifts. What happens inside the two calls, step by step: docs/how-it-works.md,
@@ -211,7 +211,7 @@ class HybridEngine:
             with self.timer.part("decide"):
                 self.wakefulness.update(self.confidence, self.step_number)
         # A step that may be applied always reaches the optimizer, as in the plain Trainer; a rollback or
-        # restore decided below then puts back the snapshot or the trusted copy.
+        # restore decided below then puts back the snapshot or the guard's copy.
         look = not self.wakefulness.skips_look(phase, self.controller.steps_decided, self.confidence)
         step, losses = self.controller.steps_decided, (loss, self.losses.predicted)
         if guarded:

@@ -11,11 +11,12 @@ cannot disagree with what happened.
     WARNING or CRITICAL          -> ROLLBACK when a predict phase is open, an alarm blames its weights,
                                     a snapshot exists and rollback is enabled;
                                     RESTORE when no phase is open, an alarm is a loss spike and the spike
-                                    guard can restore (a trusted copy, under its cap);
+                                    guard can restore (a copy from before the spike, under its cap);
                                     SKIP when an alarm says the step's update must not be applied (a
                                     non-finite gradient, a spike blamed on the batch); FORCE_FULL otherwise.
 ROLLBACK restores the phase's snapshot and also forces FULL steps; RESTORE puts back the spike guard's
-trusted copy of the weights and optimizer state (the batches since are skipped) and forces FULL steps;
+copy of the weights and optimizer state from before the spike (the batches since are skipped) and
+forces FULL steps;
 SKIP leaves the weights and the optimizer state as they were before the step and forces FULL steps
 (a SKIP of an update already applied, which the spike guard's update check judged, puts the weights
 back; the optimizer keeps what it learnt from the step's gradient);
@@ -61,7 +62,8 @@ def choose_action(
     can_restore: Callable[[], bool] = lambda: False,
 ) -> RecoveryAction:
     """The single rule table above. `can_roll_back`: rollback is enabled and a snapshot exists;
-    `can_restore()`: the spike guard has a trusted copy and is under its cap (asked only for a spike)."""
+    `can_restore()`: the spike guard has a copy from before the spike worth restoring and is under its
+    cap (asked only for a spike)."""
     alarms = list(alarms)
     level = worst_level(alarms)
     if level >= DivergenceLevel.WARNING:
@@ -93,7 +95,7 @@ def describe(
     done = {
         RecoveryAction.CONTINUE: "carried on",
         RecoveryAction.ROLLBACK: f"rolled back to the start of the predict phase, then {full}",
-        RecoveryAction.RESTORE: f"restored the spike guard's last trusted copy, then {full}",
+        RecoveryAction.RESTORE: f"restored the spike guard's copy from before the spike, then {full}",
         RecoveryAction.SKIP: f"skipped the optimizer step (weights, optimizer state unchanged), then {full}",
         RecoveryAction.FORCE_FULL: f"ended the predict phase, then {full}"
         if ended_phase
