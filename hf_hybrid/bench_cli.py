@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Any
 
+from .bench import protocol as rules
 from .data import DataError
 
 SUITE_CHOICES = ("tiny", "quick", "full")
@@ -104,25 +105,26 @@ def _protocol_flags(bench: argparse.ArgumentParser) -> None:
         nargs="+",
         type=float,
         default=None,
-        help="plain sweep's first rates, x the base rate, x2 apart (default: 0.5 1 2 4; widened at an edge)",
+        help="every race's first rates (plain's and each method's), x its centre, x2 apart "
+        f"(default: {' '.join(f'{r:g}' for r in rules.FIRST_RATES)}; widened at an edge)",
     )
     protocol.add_argument(
         "--widen",
         type=int,
         default=None,
-        help="rates the sweep may add beyond its first ones, per side (default: 3)",
+        help=f"rates a race may add beyond its first ones, per side (default: {rules.MAX_WIDENINGS})",
     )
     protocol.add_argument(
         "--cooldown_fraction",
         type=float,
         default=None,
-        help="each budget's decay, as a fraction of its steps, in (0, 0.5] (default: 0.2)",
+        help=f"each budget's decay, as a fraction of its steps, in (0, 0.5] (default: {rules.COOLDOWN:g})",
     )
     protocol.add_argument(
         "--decay_shape",
         choices=("1-sqrt", "linear", "cosine"),
         default=None,
-        help="the cooldown's shape (default: 1-sqrt)",
+        help=f"the cooldown's shape (default: {rules.DECAY})",
     )
     protocol.add_argument(
         "--schedule",
@@ -130,14 +132,6 @@ def _protocol_flags(bench: argparse.ArgumentParser) -> None:
         default=None,
         help="wsd: one trunk per rate with cooldown branches (checked once against the task's own "
         "schedule); separate: a complete run per budget with the task's own schedule (default: wsd)",
-    )
-    protocol.add_argument(
-        "--method_lr_multipliers",
-        nargs="+",
-        type=float,
-        default=None,
-        help="each method's rates, x the plain full-budget best (default: the method's own; 1 2 for most, "
-        "4 8 16 for peft:lora)",
     )
 
 
@@ -310,7 +304,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def _arena(args: argparse.Namespace, task: Any, methods: list[str], fields: dict[str, Any], out: str) -> None:
     from .bench import run_arena
-    from .bench.plan import Protocol
+    from .bench.protocol import Protocol
 
     run_arena(
         task,
@@ -345,8 +339,6 @@ def _protocol_fields(args: argparse.Namespace, **defaults: Any) -> dict[str, Any
         fields["seeds"] = tuple(args.seeds)
     if args.lr_multipliers is not None:
         fields["lr_multipliers"] = tuple(args.lr_multipliers)
-    if args.method_lr_multipliers is not None:
-        fields["method_lr_multipliers"] = tuple(args.method_lr_multipliers)
     for flag, name in (
         ("widen", "widen"),
         ("cooldown_fraction", "cooldown"),

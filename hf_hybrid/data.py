@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import sysconfig
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -140,6 +140,84 @@ def _snippets(files: list[Path], chars: int, wanted: int) -> list[str]:
                 if len(out) == wanted:
                     return out
     return out
+
+
+def held_out_chunks(
+    documents: Iterable[Sequence[Any]], train_wanted: int, eval_wanted: int, chunk: int, every: int
+) -> tuple[list[Any], list[Any], list[int]]:
+    """Each document's items cut into contiguous chunks of `chunk`, one chunk in `every` (counted over
+    all documents) held out for evaluation: (train items, eval items, each eval item's chunk number).
+
+    Every document read gives to both sets, so the eval set is the training distribution, and its
+    examples come in hundreds of chunks, the clusters the judge's bootstrap resamples (the items of one
+    chunk are contiguous text and move together; chunks of one document are apart by `every - 1`
+    training chunks). Documents are read in order until both sets are full."""
+    train: list[Any] = []
+    evaluation: list[Any] = []
+    clusters: list[int] = []
+    counter = 0
+    for items in documents:
+        for start in range(0, len(items), chunk):
+            piece = list(items[start : start + chunk])
+            held = counter % every == every // 2
+            counter += 1
+            if held and len(evaluation) < eval_wanted:
+                evaluation += piece
+                clusters += [counter] * len(piece)
+            elif not held and len(train) < train_wanted:
+                train += piece
+        if len(train) >= train_wanted and len(evaluation) >= eval_wanted:
+            break
+    return train[:train_wanted], evaluation[:eval_wanted], clusters[:eval_wanted]
+
+
+def stdlib_lm_chunks(
+    block_size: int, train_blocks: int, eval_blocks: int, chunk: int = 8, every: int = 9
+) -> tuple[Dataset, Dataset, list[int]]:
+    """Causal-LM byte blocks of the stdlib source with contiguous chunks of every file read held out for
+    evaluation (the arena's `clm_stdlib`): (train, eval, each eval block's chunk)."""
+    documents = (
+        [list(data[i : i + block_size]) for i in range(0, len(data) - block_size + 1, block_size)]
+        for data in (path.read_bytes() for path in stdlib_source_files())
+    )
+    train, evaluation, clusters = held_out_chunks(documents, train_blocks, eval_blocks, chunk, every)
+    if len(train) < train_blocks or len(evaluation) < eval_blocks:
+        raise DataError(
+            f"the standard library yielded {len(train)} train / {len(evaluation)} eval blocks "
+            f"of {block_size} bytes, fewer than the {train_blocks} / {eval_blocks} asked for"
+        )
+    return _as_dataset(train), _as_dataset(evaluation), clusters
+
+
+def stdlib_package_chunks(
+    chars: int, train_per_label: int, eval_per_label: int, packages: tuple[str, ...] = STDLIB_PACKAGES
+) -> tuple[Dataset, Dataset, list[int]]:
+    """`stdlib_package_snippets`' task with contiguous chunks of 4 snippets of every file held out for
+    evaluation (one in 5): the same number of distinct training snippets per package, none repeated
+    within a budget that reads them once; (train, eval, each eval snippet's chunk)."""
+    from datasets import Dataset
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    sources = stdlib_source_files()
+    splits = {"train": {"text": [], "label": []}, "eval": {"text": [], "label": []}}
+    clusters: list[int] = []
+    for label, package in enumerate(packages):
+        files = [p for p in sources if p.relative_to(root).parts[0] == package]
+        texts = [f.read_text(encoding="utf-8", errors="replace") for f in files]
+        pieces = [
+            [t[i : i + chars] for i in range(0, len(t) - chars + 1, chars) if t[i : i + chars].strip()]
+            for t in texts
+        ]
+        train, evaluation, numbers = held_out_chunks(pieces, train_per_label, eval_per_label, 4, 5)
+        if len(train) < train_per_label:
+            raise DataError(
+                f"package {package!r} gave {len(train)} training snippets, fewer than {train_per_label}"
+            )
+        for split, texts_ in (("train", train), ("eval", evaluation)):
+            splits[split]["text"] += texts_
+            splits[split]["label"] += [label] * len(texts_)
+        clusters += [label * 10**6 + n for n in numbers]  # chunk numbers restart with each package
+    return Dataset.from_dict(splits["train"]), Dataset.from_dict(splits["eval"]), clusters
 
 
 def card_dataset_name(dataset: str) -> str:

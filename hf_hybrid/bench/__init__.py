@@ -1,117 +1,40 @@
 """`hf-hybrid bench`: does a method make *your* fine-tune cheaper at the same quality?
 
-The arena trains your task with the plain `Trainer` (a learning-rate sweep by successive halving over one
-warmup-stable-decay trunk per rate, with a cooldown branch at each smaller budget, so every budget gets
-its own tuned rate) and with every method you list on the same schedule, and reads each method's
-speed-up at equal eval loss off that frontier, in compute units and in time, with a verdict against the
-plain runs' own seed noise. Methods are plug-ins (`hf_hybrid.bench.methods`); tasks are your model and data
+The arena trains your task with the plain `Trainer` and with every method you list, each rate raced by
+the same rules on one warmup-stable-decay trunk per rate with a cooldown branch at each smaller budget,
+and reads each method's speed-up at equal eval loss at the full budget off plain's frontier, in compute
+units and in time, against a band that joins the seeds', the eval set's, the grid's and the price's
+noise (`protocol.py`). Methods are plug-ins (`hf_hybrid.bench.methods`); tasks are your model and data
 (`user_task.py`), a factory of your own, or a built-in preset (`tasks.py`).
+
+The package's names are imported lazily, so that the protocol's rules (`protocol.py`) can be read without
+loading transformers (`hf-hybrid bench --help`).
 """
 
 from __future__ import annotations
 
-import os
-import sys
-from collections.abc import Callable, Sequence
-from pathlib import Path
+import importlib
+from typing import Any
 
-from .arena import Arena, parse_methods
-from .executors import make_executor
-from .methods import Method, MethodError, TrialContext, available_methods, parse_method, register_method
-from .plan import Protocol
-from .record import Record
-from .report import write_report
-from .runner import quiet_libraries
-from .task import BenchTask
-
-__all__ = [
-    "BenchTask",
-    "Method",
-    "MethodError",
-    "Protocol",
-    "TrialContext",
-    "available_methods",
-    "parse_method",
-    "quiet_libraries",
-    "register_method",
-    "run_arena",
-]
-
-SUITES: dict[str, dict] = {
-    "tiny": {
-        "size": "tiny",
-        "tasks": ("clm_stdlib",),
-        "seeds": (0,),
-        "lr_multipliers": (1.0, 2.0),
-        "widen": 1,
-    },
-    "quick": {
-        "size": "quick",
-        "tasks": ("clm_stdlib", "minilm_cls", "minilm_lora"),
-        "seeds": (0,),
-        "lr_multipliers": (0.5, 1.0, 2.0, 4.0),
-        "widen": 2,
-    },
-    "full": {
-        "size": "full",
-        "tasks": ("clm_stdlib", "minilm_cls", "minilm_lora"),
-        "seeds": (0, 1, 2),
-        "lr_multipliers": (0.5, 1.0, 2.0, 4.0),
-        "widen": 2,
-    },
+_NAMES = {
+    "BenchTask": "task",
+    "Method": "methods",
+    "MethodError": "methods",
+    "TrialContext": "methods",
+    "available_methods": "methods",
+    "parse_method": "methods",
+    "register_method": "methods",
+    "Protocol": "protocol",
+    "quiet_libraries": "runner",
+    "run_arena": "run",
+    "parse_methods": "arena",
+    "SUITES": "run",
+    "DEFAULT_METHODS": "run",
 }
-DEFAULT_METHODS = ("plain", "hybrid", "null")
+__all__ = sorted(_NAMES)
 
 
-def command_line() -> str:
-    return "hf-hybrid " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "run_arena()"
-
-
-def run_arena(
-    task: BenchTask,
-    methods: Sequence[str] = DEFAULT_METHODS,
-    protocol: Protocol | None = None,
-    out: str | os.PathLike = "bench_results/arena",
-    echo: Callable[[str], None] = print,
-    workers: int | None = None,
-    ray: str | None = None,
-    use_ray: bool = False,
-    fresh: bool = False,
-) -> dict[str, Path]:
-    """The protocol on one task into `out` (results.json, report.md, arena.png); resumes what is there.
-    `workers`: that many local processes; `use_ray`: Ray tasks on the cluster at `ray` (None: the session
-    this process has, `local`: one started here)."""
-    protocol = protocol or Protocol()
-    parsed, with_nulls = parse_methods(methods)
-    record = Record.open(out, task.describe(), task.identity(), command_line(), fresh=fresh)
-    arena = Arena(task, parsed, with_nulls, protocol, record, echo=echo)
-    arena.executor = make_executor(task, workers, ray, use_ray)
-    arena.check()
-    _write_labels(task, out)
-    try:
-        arena.run()
-    except KeyboardInterrupt:  # stopped by hand: what it has so far, drawn, before it goes
-        paths = write_report(record.data, out)
-        echo(f"stopped; the report so far: {paths['markdown']}, {paths['plot']} (the same command resumes)")
-        raise
-    paths = write_report(record.data, out)
-    echo("\n".join(_summary_lines(record.data)))
-    echo(f"results: {paths['json']}, {paths['markdown']}, {paths['plot']}")
-    return paths
-
-
-def _write_labels(task: BenchTask, out: str | os.PathLike) -> None:
-    """A classification task's label names, beside the record (once every input has been accepted)."""
-    import json
-
-    names = task.info.get("labels")
-    if names:
-        path = Path(out)
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "labels.json").write_text(json.dumps({"id2label": dict(enumerate(names))}, indent=1) + "\n")
-
-
-def _summary_lines(data: dict) -> list[str]:
-    from .report import verdict_table
-
-    return ["", f"{data['task'].get('name')}:", *verdict_table(data)]
+def __getattr__(name: str) -> Any:
+    if name not in _NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_NAMES[name]}", __name__), name)

@@ -24,7 +24,8 @@ from .budget import Budgets
 from .calibration import Calibration, calibrate
 from .executors import Finished, InProcess, describe
 from .methods import NULL, Method, parse_method
-from .plan import Plan, Planner, Protocol
+from .plan import Plan, Planner
+from .protocol import Protocol, rules
 from .record import Record
 from .rows import Rows, RunRow, is_point
 from .spec import RunSpec
@@ -135,17 +136,25 @@ class Arena:
             raise DataError(
                 f"`--seeds` must be distinct seeds, at least one, got {list(self.protocol.seeds)}"
             )
-        for flag, values in (
-            ("--lr_multipliers", self.protocol.lr_multipliers),
-            ("--method_lr_multipliers", self.protocol.method_lr_multipliers or (1.0,)),
-        ):
-            if not values or any(not v > 0 for v in values):
-                raise DataError(f"`{flag}` must be positive numbers, at least one, got {list(values)}")
+        values = self.protocol.lr_multipliers
+        if not values or any(not v > 0 for v in values):
+            raise DataError(f"`--lr_multipliers` must be positive numbers, at least one, got {list(values)}")
         if self.protocol.widen < 0:
             raise DataError(f"`--widen` must be >= 0, got {self.protocol.widen}")
+        self._decline()
         model = self.task.build_model(self.protocol.seeds[0])
         for method in [*self.methods, *self.nulls.values()]:
             method.check_model(model)
+
+    def _decline(self) -> None:
+        """Leave out the methods that have nothing to do on this task, the record saying why."""
+        for method in list(self.methods):
+            reason = method.declines(self.task)
+            if reason is not None:
+                self.record.note(f"`{method.spec}` was not run: {reason}")
+                self.echo(f"{method.spec}: not run: {reason}")
+                self.methods.remove(method)
+                self.nulls.pop(method.spec, None)
 
     # ---- the loop --------------------------------------------------------------------------------------
 
@@ -158,7 +167,10 @@ class Arena:
             "widen": self.protocol.widen,
             "seeds": list(self.protocol.seeds),
             "schedule": self.protocol.schedule,
+            "rules": dict(rules()),
         }
+        if self.task.eval_clusters is not None:
+            self.record.data["eval_clusters"] = list(self.task.eval_clusters)
         progress = Progress(self.echo)
         flight: dict[str, InFlight] = {}
         failures: dict[str, int] = {}
@@ -192,6 +204,9 @@ class Arena:
             self.record.data.get("decisions", {}).get("base_learning_rate") or self.task.learning_rate,
             self.task_schedule(),
             self.out,
+            eval_clusters=self.record.data.get("eval_clusters"),
+            eval_weights=self.record.data.get("eval_example_tokens"),
+            price_errors=(self.record.data.get("calibration") or {}).get("relative_errors"),
         )
 
     def task_schedule(self) -> dict[str, Any]:
@@ -272,7 +287,9 @@ class Arena:
     def _row(self, spec: RunSpec, finished: Finished) -> RunRow:
         measured = finished.measured
         before = self._cost_before(spec)
-        units = self.calibration.price(measured.step_counts)
+        units = self.calibration.cost(measured.step_counts)
+        if measured.eval_example_tokens and "eval_example_tokens" not in self.record.data:
+            self.record.data["eval_example_tokens"] = measured.eval_example_tokens
         return RunRow(
             **_identity(spec),
             eval_loss=measured.eval_loss,

@@ -18,11 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..data import DataError
+from .protocol import BUDGETS, COOLDOWN, DECAY
 
-BUDGETS = (0.25, 0.5, 0.75, 1.0)
 DECAY_SHAPES = ("1-sqrt", "linear", "cosine")
-DEFAULT_COOLDOWN = 0.2
-DEFAULT_DECAY = "1-sqrt"
 WSD = "warmup_stable_decay"
 
 
@@ -31,8 +29,8 @@ class Budgets:
     """The budgets of one task: `max_steps` at fractions `BUDGETS`, each with its cooldown."""
 
     max_steps: int
-    cooldown: float = DEFAULT_COOLDOWN
-    decay: str = DEFAULT_DECAY
+    cooldown: float = COOLDOWN
+    decay: str = DECAY
     warmup_steps: int = 0
 
     def check(self) -> None:

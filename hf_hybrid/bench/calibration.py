@@ -12,6 +12,7 @@ the tokens they processed, padding included.
 
 from __future__ import annotations
 
+import math
 import statistics
 import tempfile
 import time
@@ -32,6 +33,7 @@ class Calibration:
     forward_seconds: float
     step_seconds: dict[str, float] = field(default_factory=dict)  # per kind (shared and methods' own)
     steps: int = 0  # timed steps per kind
+    errors: dict[str, float] = field(default_factory=dict)  # per kind (and "forward"): relative std. error
 
     def units(self, kind: str) -> float:
         if kind == BLIND:
@@ -42,7 +44,18 @@ class Calibration:
             raise KeyError(f"no calibrated price for the step kind {kind!r}")
         return self.step_seconds[kind] / self.forward_seconds
 
-    def price(self, counts: Mapping[str, int]) -> float:
+    def price(self, kind: str, seconds: Sequence[float]) -> None:
+        """Set `kind`'s price from its timed steps: their mean, and the mean's relative error."""
+        self.step_seconds[kind] = statistics.fmean(seconds)
+        self.errors[kind] = relative_error(seconds)
+
+    def price_tokens(self, kind: str, seconds: Sequence[float], tokens: Sequence[int]) -> None:
+        """Set a token kind's price from timed steps: their seconds over their tokens (the error: that of
+        the mean of the per-step prices)."""
+        self.step_seconds[kind] = sum(seconds) / sum(tokens)
+        self.errors[kind] = relative_error([s / n for s, n in zip(seconds, tokens, strict=True)])
+
+    def cost(self, counts: Mapping[str, int]) -> float:
         """Forward units spent by a run that took `counts` steps of each kind."""
         return sum(n * self.units(kind) for kind, n in counts.items())
 
@@ -55,12 +68,16 @@ class Calibration:
             "step_seconds": dict(self.step_seconds),
             "units": {kind: self.units(kind) for kind in (*self.step_seconds, FORWARD, BLIND)},
             "timed_steps": self.steps,
+            "relative_errors": dict(self.errors),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Calibration:
         return cls(
-            float(data["forward_seconds"]), dict(data["step_seconds"]), int(data.get("timed_steps", 0))
+            float(data["forward_seconds"]),
+            dict(data["step_seconds"]),
+            int(data.get("timed_steps", 0)),
+            dict(data.get("relative_errors", {})),
         )
 
 
@@ -76,7 +93,10 @@ def calibrate(
 ) -> Calibration:
     """Price the forward pass, the plain step and every method's own kinds (those not priced yet). A
     method whose steps raise while being timed is left unpriced, its error in `failures` (by spec)."""
-    calibration = known or Calibration(forward_seconds=_forward_seconds(task, seed, warm_steps, timed_steps))
+    if known is None:
+        forward = _forward_seconds(task, seed, warm_steps, timed_steps)
+        known = Calibration(statistics.fmean(forward), errors={FORWARD: relative_error(forward)})
+    calibration = known
     calibration.steps = calibration.steps or timed_steps
     if STEP not in calibration.step_seconds:
         _price_kind(calibration, STEP, task, parse_method("plain"), seed, warm_steps, timed_steps)
@@ -106,15 +126,21 @@ def _context(task: BenchTask, seed: int, steps: int, output_dir: str, timer: Ste
     )
 
 
+def relative_error(seconds: Sequence[float]) -> float:
+    """The standard error of the mean of `seconds`, relative to it (0 with one timing)."""
+    if len(seconds) < 2:
+        return 0.0
+    return statistics.stdev(seconds) / math.sqrt(len(seconds)) / statistics.fmean(seconds)
+
+
 def _price_kind(
     calibration: Calibration, kind: str, task: BenchTask, method: Method, seed: int, warm: int, timed: int
 ) -> None:
-    """Price `kind` by timing `method`'s steps; where the run counted its tokens, its token kind too: the
-    timed steps' seconds over their tokens."""
+    """Price `kind` by timing `method`'s steps; where the run counted its tokens, its token kind too."""
     seconds, tokens = _step_seconds(task, method, seed, warm, timed)
-    calibration.step_seconds[kind] = statistics.fmean(seconds)
+    calibration.price(kind, seconds)
     if all(tokens):
-        calibration.step_seconds[token_kind(kind)] = sum(seconds) / sum(tokens)
+        calibration.price_tokens(token_kind(kind), seconds, tokens)
 
 
 def _step_seconds(
@@ -129,8 +155,8 @@ def _step_seconds(
     return list(timer.seconds[warm:]), list(timer.tokens[warm:])
 
 
-def _forward_seconds(task: BenchTask, seed: int, warm: int, timed: int) -> float:
-    """Mean time of a no-grad forward pass (train mode) over a training batch, as the Trainer feeds it."""
+def _forward_seconds(task: BenchTask, seed: int, warm: int, timed: int) -> list[float]:
+    """The times of no-grad forward passes (train mode) over training batches, as the Trainer feeds them."""
     cuda = torch.cuda.is_available()
     clock = time.perf_counter if cuda else time.process_time
     with tempfile.TemporaryDirectory() as tmp:
@@ -153,4 +179,4 @@ def _forward_seconds(task: BenchTask, seed: int, warm: int, timed: int) -> float
                 torch.cuda.synchronize()
             if index >= warm:
                 seconds.append(clock() - began)
-    return statistics.fmean(seconds)
+    return seconds

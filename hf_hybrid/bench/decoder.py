@@ -22,7 +22,6 @@ import os
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
-from functools import lru_cache
 from pathlib import Path
 from pydoc_data.topics import topics
 from typing import Any
@@ -32,7 +31,7 @@ from datasets import Dataset
 from peft import LoraConfig, TaskType, get_peft_model
 from transformers import AutoModelForCausalLM, GPT2LMHeadModel, Trainer, TrainingArguments
 
-from ..data import stdlib_source_files
+from ..data import held_out_chunks, stdlib_source_files
 from ..tiny_models import tiny_gpt2_config
 
 logger = logging.getLogger(__name__)
@@ -154,27 +153,25 @@ def _pretraining_arguments(recipe: Recipe, output_dir: str) -> TrainingArguments
 # ---- the fine-tune text ------------------------------------------------------------------------------
 
 
-def is_eval_topic(name: str, eval_percent: int = 25) -> bool:
-    return hashlib.sha256(name.encode()).digest()[0] % 100 < eval_percent
-
-
-@lru_cache(maxsize=4)
-def docs_blocks(seq_len: int, train_blocks: int, eval_blocks: int) -> tuple[Any, Any]:
-    """(train, eval) byte blocks of Python's reference documentation, split by topic."""
-    data: dict[str, bytes] = {"train": b"", "eval": b""}
+def docs_blocks(seq_len: int, train_blocks: int, eval_blocks: int) -> tuple[Any, Any, list[int]]:
+    """(train, eval, each eval block's chunk) byte blocks of Python's reference documentation: every
+    topic's blocks in contiguous chunks of 4, one chunk in 4 held out for evaluation."""
+    documents = []
     for name in sorted(topics):
-        split = "eval" if is_eval_topic(name) else "train"
-        data[split] += topics[name].encode("utf-8") + b"\n\n"
-    out = []
-    for split, wanted in (("train", train_blocks), ("eval", eval_blocks)):
-        raw = data[split]
-        blocks = [list(raw[i : i + seq_len]) for i in range(0, len(raw) - seq_len + 1, seq_len)][:wanted]
-        if len(blocks) < wanted:
+        raw = topics[name].encode("utf-8") + b"\n\n"
+        documents.append([list(raw[i : i + seq_len]) for i in range(0, len(raw) - seq_len + 1, seq_len)])
+    train, evaluation, clusters = held_out_chunks(documents, train_blocks, eval_blocks, chunk=4, every=4)
+    for split, have, wanted in (("train", train, train_blocks), ("eval", evaluation, eval_blocks)):
+        if len(have) < wanted:
             raise ValueError(
-                f"the documentation gave {len(blocks)} {split} blocks of {seq_len} bytes, fewer than {wanted}"
+                f"the documentation gave {len(have)} {split} blocks of {seq_len} bytes, fewer than {wanted}"
             )
-        out.append(Dataset.from_dict({"input_ids": blocks, "labels": blocks}))
-    return out[0].shuffle(seed=0), out[1]
+    train_set = Dataset.from_dict({"input_ids": train, "labels": train})
+    return (
+        train_set.shuffle(seed=0),
+        Dataset.from_dict({"input_ids": evaluation, "labels": evaluation}),
+        clusters,
+    )
 
 
 def pretrained_decoder(recipe: Recipe, seed: int, lora: bool) -> torch.nn.Module:

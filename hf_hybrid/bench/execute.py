@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
+from transformers import default_data_collator
 
 from .methods import Method, TrialContext, parse_method
 from .methods.selective_backprop import per_sample_loss
@@ -41,6 +43,7 @@ class Measured:
     engine_peak_bytes: int = 0
     device_peak_bytes: int | None = None
     eval_example_losses: list[float] | None = None
+    eval_example_tokens: list[int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -76,8 +79,8 @@ def run_spec(task: BenchTask, spec: RunSpec, method: Method | None = None) -> Me
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
         trainer.train(resume_from_checkpoint=spec.checkpoint)
-        eval_loss = float(trainer.evaluate()["eval_loss"]) if spec.evaluate else None
-        examples = per_example_losses(trainer) if spec.per_example else None
+        examples, counts = evaluate_examples(trainer, task) if spec.evaluate else (None, None)
+        eval_loss = weighted_mean(examples, counts) if spec.evaluate else None
     trainable = [p for p in trainer.model.parameters() if p.requires_grad]
     return Measured(
         stop=trainer.state.global_step,
@@ -92,19 +95,33 @@ def run_spec(task: BenchTask, spec: RunSpec, method: Method | None = None) -> Me
         trainable_bytes=sum(p.numel() * p.element_size() for p in trainable),
         engine_peak_bytes=clock.engine_peak_bytes,
         device_peak_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
-        eval_example_losses=examples,
+        eval_example_losses=[round(v, 5) for v in examples] if spec.per_example else None,
+        eval_example_tokens=counts if spec.per_example else None,
     )
 
 
-def per_example_losses(trainer: Any) -> list[float]:
-    """Each eval example's mean loss (a causal LM's: over its tokens), to tell eval noise from training
-    noise: two models' losses on the same examples differ by less than their means suggest."""
+def evaluate_examples(trainer: Any, task: BenchTask) -> tuple[list[float], list[int]]:
+    """Each eval example's mean loss and its count of scored tokens (a classifier's: 1), through one path
+    for every method: the task's eval set in order, padded by the task's own collator, whatever the
+    method trains with (a packing collator must not change what is measured). The eval loss is their
+    token-weighted mean: per scored token, as `Trainer.evaluate` gives on equal-length examples."""
     model = trainer.model
     model.eval()
-    out: list[float] = []
+    collate = task.data_collator or default_data_collator
+    keys = ("input_ids", "attention_mask", "token_type_ids", "labels")
+    columns = [c for c in task.evaluation.column_names if c in keys]
+    loader = DataLoader(task.evaluation.select_columns(columns), task.eval_batch_size, collate_fn=collate)
+    losses: list[float] = []
+    counts: list[int] = []
     with torch.no_grad():
-        for batch in trainer.get_eval_dataloader():
-            batch = trainer._prepare_inputs(batch)
+        for batch in loader:
+            batch = {k: v.to(trainer.args.device) for k, v in batch.items()}
             logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
-            out.extend(round(v, 6) for v in per_sample_loss(logits, batch["labels"]).tolist())
-    return out
+            mean, count = per_sample_loss(logits, batch["labels"], with_counts=True)
+            losses.extend(mean.tolist())
+            counts.extend(count.tolist())
+    return losses, counts
+
+
+def weighted_mean(losses: list[float], counts: list[int]) -> float:
+    return sum(v * c for v, c in zip(losses, counts, strict=True)) / max(1, sum(counts))

@@ -1,68 +1,40 @@
-"""The arena's protocol as a pure function of the record: which runs are needed next.
+"""The protocol (`protocol.py`) applied to a record: which runs are needed next.
 
 `Planner(...).plan()` reads the rows and returns every spec whose inputs are known and whose row is not in
-the record yet, and the decisions taken so far. It is called again after every finished run, so a killed
-and rerun arena takes the same decisions and runs the same specs as an uninterrupted one: nothing but the
-record decides (eval losses and units do; times never do).
+the record yet, and the decisions so far. It is called again after every finished run, so a killed and
+rerun arena takes the same decisions and runs the same specs as an uninterrupted one: nothing but the
+record decides (eval losses and units; times never decide a run).
 
-1. Without a base learning rate, a range test sets the sweep's centre (`range_test.py`).
-2. The plain sweep on the first seed by successive halving (`sweep.py`); each budget's best rate gives
-   that budget's frontier point (a per-budget tuned frontier).
-3. The schedule check: plain runs with the task's own schedule at the full budget's best rate and its
-   neighbours, against the trunk; when the trunk is worse beyond twice the eval noise, every run falls
-   back to separate, fully decayed runs with the task's schedule (the report says so).
-4. The other seeds' plain frontiers at the first seed's per-budget rates: the seed band.
-5. Each method on the first seed: its rates raced as plain's sweep races its own, at every budget: all at
-   1/4, then the winner and the rate below it on to the next budget (the short-horizon bias: a rate that
-   wins early may overfit or stall late); each budget is read at its own winner. Stopped after 1/2 when it
-   reads below the plain frontier by more than twice the seed band. A same-trajectory method runs once, at
-   the plain rate.
-6. Null controls replay their method's runs at its chosen rate; where the method predicted nothing, its
-   null is the plain run, reused.
-7. A method's other seeds run only where they can change its verdict: its first seed above 1 + band (it
-   may win), or between 1 - 2 band and 1 - band (it may lose), at the budget it is read at.
+Each stage is a small step from the record to a decision: it returns what it decided (or None while a
+point it needs is missing) and adds what it needs to the plan. The stages, each starting as soon as its
+inputs are decided so that workers are not left idle:
 
-A stage starts as soon as its inputs are decided, so that workers are not left idle: the other seeds' points
-at a budget once the sweep has passed it (4 beside 2), the methods once the full budget's rate is known
-(5 beside 3: a fallback, rare, then leaves their runs unused).
+1. the base rate (a range test when the task has none);
+2. plain's race on the first seed: its frontier's rate at every budget (`protocol.race`);
+3. once the full budget's rate is known, beside each other: the schedule check, the other seeds' plain
+   runs of the full budget, and every method (its own race, its early stop, its other seeds, its null).
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .budget import BUDGETS, Budgets
-from .frontier import speedup
+from . import protocol as rules
+from . import reading
+from .budget import Budgets
 from .methods import BRANCHED, CONSTANT, SEPARATE_RUNS, Method
+from .protocol import BUDGETS, READ_AT, Protocol, Race
+from .range_test import range_test_spec, suggested_rate
 from .rows import Rows, RunRow
 from .spec import BRANCH, SEGMENT, SEPARATE, RunSpec, schedule_json
-from .sweep import successive_halving
 
-ONE_SEED_BAND = 0.10  # the band a one-seed arena assumes
-EARLY_STOP_AT = 0.5  # where a method far below the plain frontier stops
 PREDICT = "predict"
-
-
-@dataclass(frozen=True)
-class Protocol:
-    """The arena's settings (flags of `hf-hybrid bench`)."""
-
-    seeds: Sequence[int] = (0,)
-    lr_multipliers: Sequence[float] = (0.5, 1.0, 2.0, 4.0)
-    method_lr_multipliers: Sequence[float] | None = None  # None: each method's own `lr_multipliers`
-    widen: int = 3
-    cooldown: float = 0.2
-    decay: str = "1-sqrt"
-    schedule: str = "wsd"
-    schedule_check: bool = True
-    warm_steps: int = 2
-    timed_steps: int = 8
+KEEP_EXAMPLES = (rules.SAME_TRAJECTORY_BUDGET, READ_AT)  # budgets whose per-example eval losses are kept
 
 
 @dataclass
@@ -71,32 +43,26 @@ class Decisions:
 
     base_learning_rate: float | None = None
     mode: str = "wsd"
-    sweep: dict[str, Any] = field(default_factory=dict)
-    best: dict[float, float] = field(default_factory=dict)  # budget -> plain multiplier
-    untuned: dict[float, str] = field(default_factory=dict)
+    plain: dict[str, Any] = field(default_factory=dict)  # plain's race
     schedule_check: dict[str, Any] = field(default_factory=dict)
-    band: float | None = None
     methods: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def best(self) -> dict[float, float]:
+        return {float(b): r for b, r in self.plain.get("best", {}).items()}
+
+    @property
+    def untuned(self) -> dict[float, str]:
+        return {float(b): why for b, why in self.plain.get("untuned", {}).items()}
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "base_learning_rate": self.base_learning_rate,
             "mode": self.mode,
-            "sweep": self.sweep,
-            "best": {str(b): m for b, m in self.best.items()},
-            "untuned": {str(b): why for b, why in self.untuned.items()},
+            "plain": self.plain,
             "schedule_check": self.schedule_check,
-            "seed_band": self.band,
             "methods": self.methods,
         }
-
-
-class Blocked(Exception):
-    """A stage waits for these points (or for nothing it can start yet: empty)."""
-
-    def __init__(self, points: Sequence[RunSpec] = ()) -> None:
-        super().__init__(f"{len(points)} point(s) needed")
-        self.points = list(points)
 
 
 @dataclass
@@ -121,14 +87,20 @@ class Planner:
         base_learning_rate: float | None,
         task_schedule: dict[str, Any],
         out: str | Path,
+        eval_clusters: Sequence[int] | None = None,
+        eval_weights: Sequence[float] | None = None,
+        price_errors: dict[str, float] | None = None,
     ) -> None:
         self.protocol, self.budgets, self.rows = protocol, budgets, rows
         self.methods, self.nulls = list(methods), dict(nulls)
         self.base = base_learning_rate
         self.task_schedule = task_schedule  # the task's own `lr_scheduler_type`, `warmup_steps`
+        self.clusters, self.weights = eval_clusters, eval_weights
+        self.price_errors = dict(price_errors or {})
         self.checkpoints = Path(out).resolve() / "checkpoints"
         self.decisions = Decisions(mode=protocol.schedule)
         self.first = protocol.seeds[0]
+        self.waiting = False  # some stage waits for a point that is not recorded yet
         self.ready: dict[str, RunSpec] = {}
         self.rebuild: dict[str, RunSpec] = {}
         self.reuse: dict[str, tuple[RunSpec, str]] = {}
@@ -138,26 +110,16 @@ class Planner:
     # ---- the stages ------------------------------------------------------------------------------------
 
     def plan(self) -> Plan:
-        blocked = False
-        try:
-            self._base_rate()
-            swept = not self._stage(self._sweep)
-            checking = swept and self._stage(self._schedule_check)
-            if self.decisions.schedule_check.get("fallback"):
-                swept = not self._stage(self._sweep)  # again, in separate runs
-            # each budget's best rate is final once the sweep has passed it: the other seeds start there
-            blocked |= self._stage(self._other_seeds)
-            if not swept:
-                raise Blocked()
-            # the methods need the full budget's rate only: they run beside the check, whose fallback
-            # (rare) leaves their runs unused
-            blocked |= checking
-            for method in self.methods:
-                blocked |= self._stage(lambda m=method: self._method(m))
-        except Blocked as stop:
-            self._want(stop.points)
-            blocked = True
-        complete = not blocked and not self.ready and not self.reuse and not self.doomed
+        if self._base_rate() is not None:
+            plain = self._plain_race()
+            if plain.decided:
+                if self._schedule_check():
+                    plain = self._plain_race()  # again, in separate runs of the task's own schedule
+                if plain.decided:
+                    self._other_seeds(plain.rate)
+                    for method in self.methods:
+                        self._method(method)
+        complete = not self.waiting and not self.ready and not self.reuse and not self.doomed
         return Plan(
             list(self.ready.values()),
             list(self.rebuild.values()),
@@ -168,152 +130,124 @@ class Planner:
             complete,
         )
 
-    def _stage(self, stage: Callable[[], None]) -> bool:
-        """Run a stage that may block without stopping the next ones (methods are independent)."""
-        try:
-            stage()
-            return False
-        except Blocked as stop:
-            self._want(stop.points)
-            return True
-
-    def _base_rate(self) -> None:
+    def _base_rate(self) -> float | None:
         if self.base is None:
-            from .range_test import range_test_spec, suggested_rate
-
             spec = range_test_spec(self.budgets, self.first)
             row = self._row(spec)
             if row is None:
-                raise Blocked([spec])
+                self._want([spec])
+                return None
             self.base = suggested_rate(row)
         self.decisions.base_learning_rate = self.base
+        return self.base
 
-    def _sweep(self) -> None:
-        mode = self.decisions.mode
+    def _plain_race(self) -> Race:
+        state = self.race("plain", rules.first_grid(1.0, self.protocol.lr_multipliers))
+        self.decisions.plain = state.to_dict()
+        self._want([self.point_spec("plain", self.first, r, b) for r, b in state.wanted])
+        if state.decided:  # the frontier's point at every budget, at that budget's rate
+            self._need([self.point_spec("plain", self.first, state.best[b], b) for b in BUDGETS])
+        return state
 
-        def loss_at(multiplier: float, budget: float) -> float | None:
-            row = self.point("plain", self.first, multiplier, budget, mode)
+    def race(self, method: str, grid: Sequence[float]) -> Race:
+        """`protocol.race` on the first seed's points of `method`."""
+
+        def loss_at(rate: float, budget: float) -> float | None:
+            row = self.point(method, self.first, rate, budget)
             return None if row is None else row.loss
 
-        state = successive_halving(self.protocol.lr_multipliers, self.protocol.widen, loss_at)
-        self.decisions.sweep = state.to_dict()
-        self.decisions.best, self.decisions.untuned = dict(state.best), dict(state.untuned)
-        if not state.complete:
-            raise Blocked([self.point_spec("plain", self.first, m, b, mode) for m, b in state.wanted])
+        return rules.race(grid, loss_at, self.protocol.widen)
 
-    def _schedule_check(self) -> None:
-        """The trunk's full-budget loss against the task's own schedule at the trunk's rate and its
-        neighbours; a trunk worse beyond twice the paired eval noise sends every run to separate runs."""
+    def _schedule_check(self) -> bool:
+        """The trunk's full-budget point against the task's own schedule at the same rate; True when the
+        trunk is worse beyond `Z` paired standard errors (every run then falls back to separate runs)."""
         if self.protocol.schedule != "wsd" or not self.protocol.schedule_check:
-            return
-        best = self.decisions.best[1.0]
-        trunk = self.point("plain", self.first, best, 1.0, "wsd")
-        specs = [self._separate_spec("plain", self.first, best * f, 1.0, own=True) for f in (0.5, 1.0, 2.0)]
-        rows = [self._row(s) for s in specs]
-        if any(r is None for r in rows):
-            raise Blocked([s for s, r in zip(specs, rows, strict=True) if r is None])
-        own = min(rows, key=lambda r: (r.loss, r.lr_multiplier))
-        noise = paired_noise(trunk.eval_example_losses or [], own.eval_example_losses or [])
-        fallback = trunk.loss - own.loss > 2 * noise
+            return False
+        rate = self.decisions.best[READ_AT]
+        trunk = self.point("plain", self.first, rate, READ_AT, "wsd")
+        own = self._row(self._separate_spec("plain", self.first, rate, READ_AT, own=True))
+        if trunk is None or own is None:
+            self._need([self._separate_spec("plain", self.first, rate, READ_AT, own=True)])
+            return False
+        difference = trunk.loss - own.loss
+        noise = self.paired_se(trunk, own)
+        fallback = difference > rules.Z * noise
         self.decisions.schedule_check = {
             "schedule": self.task_schedule.get("lr_scheduler_type"),
-            "trunk_lr_multiplier": best,
+            "lr_multiplier": rate,
             "trunk_eval_loss": trunk.loss,
             "own_schedule_eval_loss": own.loss,
-            "own_schedule_lr_multiplier": own.lr_multiplier,
-            "own_schedule_rate_at_an_edge": own.lr_multiplier != best,
-            "paired_eval_noise": noise,
+            "paired_eval_se": noise,
             "fallback": fallback,
         }
-        if fallback:
+        if fallback and self.decisions.mode != "separate":
             self.decisions.mode = "separate"
+            return True
+        return False
 
-    def _other_seeds(self) -> None:
-        """The other seeds' plain points at every budget whose best rate the sweep has decided (final
-        once decided: the sweep never revisits a budget it has passed)."""
-        points = [
-            self.point_spec("plain", seed, rate, b)
-            for seed in self.protocol.seeds[1:]
-            for b, rate in self.decisions.best.items()
-        ]
-        self._want([p for p in points if self._row(p) is None])
-        self.decisions.band = self._band()
+    def _other_seeds(self, rate: float) -> None:
+        """The other seeds' plain runs of the full budget at its rate: the run-to-run noise, and the plain
+        run each method's seed is paired with."""
+        self._need([self.run_spec("plain", seed, rate) for seed in self.protocol.seeds[1:]])
 
-    def _band(self) -> float | None:
-        """How far one seed's best plain point (its lowest eval loss; the full budget's unless the task
-        overfits) reads from 1.0x on another seed's frontier (the largest over pairs); None with fewer
-        than two complete seeds."""
-        frontiers = {s: self.frontier(s) for s in self.protocol.seeds}
-        frontiers = {s: f for s, f in frontiers.items() if f is not None}
-        if len(frontiers) < 2:
+    def paired_se(self, a: RunRow, b: RunRow) -> float:
+        """The eval-cluster standard error of two runs' eval-loss difference (same examples)."""
+        return reading.paired_se(a, b, self.clusters, self.weights)
+
+    def evidence(self, all_seeds: bool = False) -> reading.Evidence | None:
+        """Plain's frontier and full-budget runs so far (None while the frontier is incomplete; with
+        `all_seeds`, also while a seed's full-budget run is missing)."""
+        frontier, rate = self.frontier(), self.plain_rate
+        if frontier is None:
             return None
-        return max(
-            abs(read(points, best_point(other), "units") - 1.0)
-            for s, points in frontiers.items()
-            for t, other in frontiers.items()
-            if s != t
+        full = {s: self.full_point("plain", s, rate) for s in self.protocol.seeds}
+        if all_seeds and any(r is None for r in full.values()):
+            return None
+        return reading.Evidence(
+            frontier,
+            {s: r for s, r in full.items() if r is not None},
+            self.clusters,
+            self.weights,
         )
 
-    def _decided_band(self) -> float:
-        """The seed band once every seed's frontier is in (a one-seed arena assumes `ONE_SEED_BAND`)."""
-        if len(self.protocol.seeds) < 2:
-            return ONE_SEED_BAND
-        if any(self.frontier(s) is None for s in self.protocol.seeds):
-            raise Blocked()
-        return self.decisions.band
+    def kinds(self, method: str) -> list[str]:
+        """The kinds of step `method`'s runs took (what its price error is made of)."""
+        return sorted({k for r in self.rows if r.method == method for k in r.step_counts})
+
+    def price_error(self, method: str) -> float:
+        """The log-cost error of `method`'s price against plain's (`protocol.price_error`)."""
+        return rules.price_error(self.price_errors, self.kinds(method), self.kinds("plain"))
 
     # ---- a method ------------------------------------------------------------------------------------
 
     def _method(self, method: Method) -> None:
         record: dict[str, Any] = self.decisions.methods.setdefault(method.spec, {})
+        plain_rate = self.decisions.best[READ_AT]
         reason = method.provably_plain(self.budgets.max_steps)
         if reason is not None:
-            self._provably_plain(method, reason, record)
+            self._provably_plain(method, plain_rate, reason, record)
             return
-        if method.same_trajectory:
-            self._same_trajectory(method, record)
+        if method.same_trajectory and self._same_trajectory(method, plain_rate, record):
             return
-        factors = self.protocol.method_lr_multipliers or method.lr_multipliers
-        rates = sorted(self.decisions.best[1.0] * f for f in factors)
-        self._race(method, rates, method_budgets(method, self.decisions.mode), record)
-        if record.get("stopped_at") is not None:
+        state = self.race(
+            method.spec, rules.first_grid(plain_rate * method.rate_scale, self.protocol.lr_multipliers)
+        )
+        record["race"] = state.to_dict()
+        self._want([self._method_point(method, r, b) for r, b in state.wanted])
+        if not state.decided:
             return
-        budget, rate = self._read_at(method, record)
-        self._null(method, rate, [self.first])
-        self._more_seeds(method, rate, budget, record)
-
-    def _race(self, method: Method, rates: list[float], budgets: list[float], record: dict[str, Any]) -> None:
-        """The method's rate at each of its budgets, as plain's sweep picks its own: every rate at the
-        first budget, then on to the next budget the winner and the rate below it (a longer budget's best
-        rate is never larger), each budget's winner by unit speed-up there; stops after 1/2 when that
-        budget's winner reads below the plain frontier by more than twice the band."""
-        record["race"], record["lr_multiplier_by_budget"] = {}, {}
-        active, winner, previous = rates, rates[0], 0.0
-        for budget in budgets:
-            # once, on leaving 1/2, with 1/2's winner (a later winner's 1/2 point is not its reading)
-            if previous <= EARLY_STOP_AT < budget and self._stops_early(method, winner, budgets, record):
-                return
-            previous = budget
-            self._need([self._method_point(method, r, budget) for r in active])
-            winner = self._winner(method, active, budget)
-            record["race"][str(budget)] = {"rates": active, "winner": winner}
-            record["lr_multiplier_by_budget"][str(budget)] = winner
-            record["lr_multiplier"] = winner
-            active = [*[r for r in rates if r < winner][-1:], winner]
-
-    def _read_at(self, method: Method, record: dict[str, Any]) -> tuple[float, float]:
-        """(budget, rate) where the verdict reads the method: its lowest eval loss over its budgets, each
-        at its own race's winner (the shorter budget on a tie). The plain frontier is read at its best
-        point so far; a method is read at its best budget too, so that on a task that overfits neither
-        side is charged for training past its best."""
-        points = {
-            float(b): (self.point(method.spec, self.first, rate, float(b)), rate)
-            for b, rate in record["lr_multiplier_by_budget"].items()
-        }
-        budget = min(points, key=lambda b: (points[b][0].loss, b))
-        rate = points[budget][1]
-        record.update(read_at=budget, lr_multiplier=rate)
-        return budget, rate
+        record["lr_multiplier"] = state.rate
+        evidence = self.evidence(all_seeds=True)
+        if evidence is None:
+            self.waiting = True
+            return
+        half = self.point(method.spec, self.first, state.rate, rules.EARLY_STOP_AT)
+        early = reading.read(evidence, {self.first: half}, self.price_error(method.spec), rules.EARLY_STOP_AT)
+        if rules.stops_early(early.speedup, early.band):
+            record["stopped_at"] = rules.EARLY_STOP_AT
+            self._null(method, state.rate, [self.first], rules.EARLY_STOP_AT)
+            return
+        self._more_seeds(method, state.rate, record, evidence)
 
     def _method_point(self, method: Method, rate: float, budget: float) -> RunSpec:
         """The first seed's point of `method` at `budget`; a run that provably trains like plain there
@@ -327,102 +261,112 @@ class Planner:
                 self.reuse.setdefault(spec.key, (spec, twin.key))
         return spec
 
-    def _winner(self, method: Method, rates: Sequence[float], budget: float) -> float:
-        """The rate with the best unit speed-up at `budget` on the first seed (then the lower loss)."""
-        frontier = self.frontier(self.first)
-
-        def score(rate: float) -> tuple[float, float, float]:
-            row = self.point(method.spec, self.first, rate, budget)
-            return (-read(frontier, row, "units"), row.loss, rate)
-
-        return min(rates, key=score)
-
-    def _stops_early(self, method: Method, chosen: float, budgets: list[float], record: dict) -> bool:
-        """A method that reads below the plain frontier by more than twice the band at 1/2 stops there."""
-        if EARLY_STOP_AT not in budgets:
-            return False
-        row = self.point(method.spec, self.first, chosen, EARLY_STOP_AT)
-        value = read(self.frontier(self.first), row, "units")
-        if value >= 1.0 - 2 * self._decided_band():
-            return False
-        record["stopped_at"] = EARLY_STOP_AT
-        self._null(method, chosen, [self.first])
-        return True
-
-    def _more_seeds(self, method: Method, rate: float, budget: float, record: dict[str, Any]) -> None:
-        """The other seeds, each one run of the budget the verdict reads, where they can change it."""
-        if len(self.protocol.seeds) < 2:
+    def _more_seeds(
+        self, method: Method, rate: float, record: dict[str, Any], evidence: reading.Evidence
+    ) -> None:
+        """The full budget on the first seed; the other seeds where they can change the verdict."""
+        if not self._need([self._method_point(method, rate, READ_AT)]):
             return
-        band = self._decided_band()
-        value = read(self.frontier(self.first), self.point(method.spec, self.first, rate, budget), "units")
-        if not (value > 1.0 + band or 1.0 - 2 * band <= value < 1.0 - band):
-            record["other_seeds"] = "not run: within the band, or below 1 - 2 band (one seed decides)"
+        self._null(method, rate, [self.first], READ_AT)
+        others = list(self.protocol.seeds[1:])
+        if not others:
             return
-        seeds = list(self.protocol.seeds[1:])
-        self._need([self.run_spec(method.spec, s, rate, budget) for s in seeds])
-        self._null(method, rate, seeds)
+        full = self.full_point(method.spec, self.first, rate)
+        one = reading.read(evidence, {self.first: full}, self.price_error(method.spec))
+        every = reading.task_band(evidence, seeds=len(self.protocol.seeds), price=one.band.price)
+        if not rules.more_seeds_can_change(one.speedup, one.band, every):
+            record["other_seeds"] = "not run: they cannot change the one-seed verdict"
+            return
+        record["other_seeds"] = "run: the one-seed reading may change"
+        self._need([self.run_spec(method.spec, seed, rate) for seed in others])
+        self._null(method, rate, others, READ_AT)
 
-    def _provably_plain(self, method: Method, reason: str, record: dict[str, Any]) -> None:
-        """A method that trains exactly like plain here: its points are plain's at the full budget's
-        rate, reused, never run (nor its null's)."""
-        rate = self.decisions.best[1.0]
+    def _provably_plain(self, method: Method, rate: float, reason: str, record: dict[str, Any]) -> None:
+        """A method that trains exactly like plain here: its full-budget points are plain's, reused, never
+        run (nor its null's)."""
         record.update(lr_multiplier=rate, provably_plain=reason)
-        for budget in method_budgets(method, self.decisions.mode):
-            spec = self.point_spec(method.spec, self.first, rate, budget)
-            twin = self.point("plain", self.first, rate, budget)
+        for seed in self.protocol.seeds:
+            spec = self.run_spec(method.spec, seed, rate)
+            twin = self.point("plain", seed, rate, READ_AT)
             if self._row(spec) is None and twin is not None:
                 self.reuse.setdefault(spec.key, (spec, twin.key))
-        self._null(method, rate, [self.first])
+        self._null(method, rate, self.protocol.seeds, READ_AT)
 
-    def _same_trajectory(self, method: Method, record: dict[str, Any]) -> None:
-        """One full run per seed at the plain full-budget rate, read against plain's time."""
-        rate = self.decisions.best[1.0]
-        record["lr_multiplier"] = rate
-        self._need([self.run_spec(method.spec, s, rate) for s in self.protocol.seeds])
+    def _same_trajectory(self, method: Method, rate: float, record: dict[str, Any]) -> bool:
+        """A short run at plain's rate, against plain's point there: True when it trains plain's
+        trajectory within the task's resolution (judged in time); False sends it to the race."""
+        short = rules.SAME_TRAJECTORY_BUDGET
+        mine = self.run_spec(method.spec, self.first, rate, short)
+        theirs = self.point_spec("plain", self.first, rate, short)
+        evidence = self.evidence(all_seeds=True)
+        if not self._need([mine, theirs]) or evidence is None:
+            self.waiting = True
+            return True
+        noise = rules.clock_noise([r.seconds for r in self._plain_points(short)])
+        check = reading.same_trajectory(evidence, self._row(mine), self._row(theirs), noise)
+        record.update(lr_multiplier=rate, same_trajectory=check)
+        return check["matches"]
 
-    def _null(self, method: Method, rate: float, seeds: Sequence[int]) -> None:
-        """The null control runs each of the method's runs at `rate` again, as itself (a uniform draw for
-        selective backprop) or replaying its phases (a hybrid run's); where a hybrid run predicted nothing
-        on a seed, its null there is the plain run (same steps, nothing skipped), reused."""
+    def _plain_points(self, budget: float) -> list[RunRow]:
+        """Plain's first-seed points at `budget`, every rate raced there (identical work: the clock noise)."""
+        rates = self.decisions.plain.get("rungs", {}).get(str(budget), [])
+        rows = [self.point("plain", self.first, r, budget) for r in rates]
+        return [r for r in rows if r is not None]
+
+    def _null(self, method: Method, rate: float, seeds: Sequence[int], budget: float) -> None:
+        """The null control replays each of the method's runs at `rate` that the verdict reads (`budget`
+        on `seeds`), as itself (a uniform draw for selective backprop) or replaying its phases (a hybrid
+        run's); where a hybrid run predicted nothing on a seed, its null there is the plain run, reused."""
         null = self.nulls.get(method.spec)
         if null is None:
             return
-        parents = sorted(
-            (r for r in self.rows if r.method == method.spec and r.seed in seeds and r.lr_multiplier == rate),
-            key=lambda r: (r.seed, r.stop, r.kind),
-        )
-        for parent in parents:
-            self.used.add(parent.key)
+        parents = [
+            r
+            for r in self.rows
+            if r.method == method.spec and r.seed in seeds and r.lr_multiplier == rate and r.budget == budget
+        ]
+        parents = [r for r in parents if r.point]
         points = []
-        for parent in parents:
+        for parent in sorted(parents, key=lambda r: (r.seed, r.kind)):
+            self.used.add(parent.key)
             spec = self.replay_spec(null, parent)
             if self._row(spec) is not None:
                 continue
-            twin = self._plain_twin(parent, parents) if null.replays_parent else None
-            if parent.reused_from is not None and null.replays_parent:  # the parent is plain's run
-                twin = self.rows.get(parent.reused_from)
+            twin = self._plain_twin(method, parent) if null.replays_parent else None
             if twin is not None:
                 self.reuse.setdefault(spec.key, (spec, twin.key))
                 continue
             points.append(spec)
         self._need(points)
 
-    def _plain_twin(self, parent: RunRow, family: Sequence[RunRow]) -> RunRow | None:
-        """The plain row that trains exactly like the null of `parent`, when the parent's whole trunk on
-        its seed predicted nothing."""
-        if any(PREDICT in (r.details.get("phases") or ()) for r in family if r.seed == parent.seed):
+    def _plain_twin(self, method: Method, parent: RunRow) -> RunRow | None:
+        """The plain row that trains exactly like the null of `parent`, when the parent's run predicted
+        nothing (its whole trunk on that seed, for a branch)."""
+        if parent.reused_from is not None:
+            return self.rows.get(parent.reused_from)
+        family = [r for r in self.rows if r.method == method.spec and r.seed == parent.seed]
+        if any(PREDICT in (r.details.get("phases") or ()) for r in family):
             return None
         spec = RunSpec.from_dict({**parent.spec, "method": "plain", "replays": None, "replay": None})
         return self.rows.get(spec.key)
 
     # ---- points and their chains ------------------------------------------------------------------------
 
-    def frontier(self, seed: int) -> list[RunRow] | None:
-        """The plain points of `seed` at each budget's best rate, or None while one is missing."""
-        if any(b not in self.decisions.best for b in BUDGETS):
+    @property
+    def plain_rate(self) -> float | None:
+        return self.decisions.best.get(READ_AT)
+
+    def frontier(self, seed: int | None = None) -> list[RunRow] | None:
+        """Plain's points on the first seed at each budget's rate, or None while one is missing."""
+        best = self.decisions.best
+        if any(b not in best for b in BUDGETS):
             return None
-        points = [self.point("plain", seed, self.decisions.best[b], b) for b in BUDGETS]
+        points = [self.point("plain", self.first, best[b], b) for b in BUDGETS]
         return None if any(p is None for p in points) else points
+
+    def full_point(self, method: str, seed: int, rate: float) -> RunRow | None:
+        """A method's full-budget row on `seed` (its trunk's end on the first seed, a run on the others)."""
+        return self.point(method, seed, rate, READ_AT)
 
     def point(
         self, method: str, seed: int, multiplier: float, budget: float, mode: str | None = None
@@ -442,7 +386,7 @@ class Planner:
             return None
         return self._row(self.replay_spec(null, parent_row))
 
-    def run_spec(self, method: str, seed: int, multiplier: float, budget: float = 1.0) -> RunSpec:
+    def run_spec(self, method: str, seed: int, multiplier: float, budget: float = READ_AT) -> RunSpec:
         """One complete run of `budget` (a method's other seeds, a same-trajectory method): to the last
         digit the trunk's branch there, without a trunk to share."""
         return self._separate_spec(method, seed, multiplier, budget, own=self.decisions.mode == "separate")
@@ -455,15 +399,12 @@ class Planner:
             own = (mode or self.decisions.mode) == "separate"
             return self._separate_spec(method, seed, multiplier, budget, own=own)
         stops = self._stops(structure)
-        if structure == CONSTANT or budget == 1.0:
+        if structure == CONSTANT or budget == READ_AT:
             stop = self.budgets.steps(budget)
-            return self._segment(
-                method, seed, multiplier, max([s for s in stops if s < stop], default=0), stop
-            )
-        return self._spec(
-            method, seed, multiplier, BRANCH, budget, self.budgets.fork(budget), self.budgets.wsd(budget),
-            trunk=True, per_example=False,
-        )  # fmt: skip
+            start = max([s for s in stops if s < stop], default=0)
+            return self._segment(method, seed, multiplier, start, stop)
+        fork, schedule = self.budgets.fork(budget), self.budgets.wsd(budget)
+        return self._spec(method, seed, multiplier, BRANCH, budget, fork, schedule, trunk=True)
 
     def _structure(self, method: str, mode: str) -> str:
         if mode == "separate":
@@ -480,23 +421,19 @@ class Planner:
     def _segment(self, method: str, seed: int, multiplier: float, start: int, stop: int) -> RunSpec:
         structure = self._structure(method, "wsd")
         stops = self._stops(structure)
-        schedule = self.budgets.wsd(1.0)
+        schedule = self.budgets.wsd(READ_AT)
         if structure == CONSTANT:
             schedule = {**schedule, "lr_scheduler_type": "constant_with_warmup", "lr_scheduler_kwargs": {}}
-        budget = next((b for b, s in zip(BUDGETS, stops, strict=True) if s == stop), 1.0)
+        budget = next((b for b, s in zip(BUDGETS, stops, strict=True) if s == stop), READ_AT)
         evaluate = stop == stops[-1] or structure == CONSTANT
-        return self._spec(
-            method, seed, multiplier, SEGMENT, budget, start, schedule, trunk=True, evaluate=evaluate,
-            stop=stop, per_example=evaluate and method == "plain" and budget == 1.0,
-        )  # fmt: skip
+        return self._spec(method, seed, multiplier, SEGMENT, budget, start, schedule, True, evaluate, stop)
 
     def _separate_spec(
         self, method: str, seed: int, multiplier: float, budget: float, own: bool = False
     ) -> RunSpec:
         steps = self.budgets.steps(budget)
         schedule = {"max_steps": steps, **self.task_schedule} if own else self.budgets.wsd(budget)
-        per_example = method == "plain" and budget == 1.0
-        return self._spec(method, seed, multiplier, SEPARATE, budget, 0, schedule, per_example=per_example)
+        return self._spec(method, seed, multiplier, SEPARATE, budget, 0, schedule)
 
     def _spec(
         self,
@@ -510,7 +447,6 @@ class Planner:
         trunk: bool = False,
         evaluate: bool = True,
         stop: int | None = None,
-        per_example: bool = False,
     ) -> RunSpec:
         return RunSpec(
             method=method,
@@ -524,7 +460,7 @@ class Planner:
             schedule_json=schedule_json(schedule),
             trunk_dir=str(self.trunk_dir(method, seed, multiplier)) if trunk else None,
             evaluate=evaluate,
-            per_example=per_example,
+            per_example=evaluate and budget in KEEP_EXAMPLES,
         )
 
     def replay_spec(self, null: Method, parent: RunRow) -> RunSpec:
@@ -540,7 +476,6 @@ class Planner:
                 "trunk_dir": trunk,
                 "replays": parent.key,
                 "replay": tuple(parent.details.get("phases") or ()),
-                "per_example": False,
             }
         )
 
@@ -555,13 +490,18 @@ class Planner:
         start = max([s for s in stops if s < spec.start], default=0)
         return self._segment(spec.method, spec.seed, spec.lr_multiplier, start, spec.start)
 
-    def _need(self, points: Sequence[RunSpec]) -> None:
-        """Go on only when every point is recorded; otherwise block on what is missing."""
+    def _need(self, points: Sequence[RunSpec]) -> bool:
+        """True when every point is recorded; otherwise the missing ones join the plan and the stage that
+        asked waits."""
         missing = [p for p in points if self._row(p) is None]
         if missing:
-            raise Blocked(missing)
+            self.waiting = True
+            self._want(missing)
+        return not missing
 
     def _want(self, points: Sequence[RunSpec]) -> None:
+        if points:
+            self.waiting = True
         for point in points:
             ready = self._ready(point)
             if ready is not None:
@@ -605,32 +545,3 @@ class Planner:
         slug = re.sub(r"[^A-Za-z0-9.=-]+", "_", method)[:40]
         digest = hashlib.sha1(method.encode()).hexdigest()[:8]
         return self.checkpoints / f"{slug}-{digest}-seed{seed}-x{multiplier:g}"
-
-
-def method_budgets(method: Method, mode: str) -> list[float]:
-    """The budgets a method is read at: every one, or 1/4 and all for one that runs them separately."""
-    if method.budget_schedule == SEPARATE_RUNS and mode != "separate":
-        return [BUDGETS[0], 1.0]
-    return list(BUDGETS)
-
-
-def best_point(frontier: Sequence[RunRow]) -> RunRow:
-    """A frontier's lowest eval loss (the shorter budget on a tie): where a task that overfits is read."""
-    return min(frontier, key=lambda p: (p.loss, p.budget))
-
-
-def read(frontier: Sequence[RunRow], row: RunRow, cost: str) -> float:
-    """`row`'s speed-up on a plain frontier, in `units` or `seconds`."""
-    points = [(getattr(p, cost), p.loss) for p in frontier]
-    if not math.isfinite(row.loss):
-        return 0.0
-    return speedup(points, row.loss, getattr(row, cost)).ratio
-
-
-def paired_noise(a: Sequence[float], b: Sequence[float]) -> float:
-    """The standard error of the difference of two models' mean eval losses on the same examples."""
-    if len(a) != len(b) or len(a) < 2:
-        return math.inf
-    diffs = [x - y for x, y in zip(a, b, strict=True)]
-    n, mean = len(diffs), sum(diffs) / len(diffs)
-    return math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n)

@@ -2,7 +2,8 @@
 
 Written after every run (atomically) by the coordinator alone, so the same command again continues
 where it stopped, and `report.md` and the plot are generated from it, never edited by hand. Schema
-(`SCHEMA_VERSION` 2; version 1 was the first protocol's, with the full budget's rate at every budget):
+(`SCHEMA_VERSION` 3; version 1 was the first protocol's, with the full budget's rate at every budget,
+version 2 the second's, which read each method at its best budget):
 
 - `task`: what was trained (model, data, budget, ...) and `task_identity`, the hash a resumed invocation
   must match; `protocol`: the budgets, their forks and cooldown, the sweep's first rates;
@@ -10,7 +11,8 @@ where it stopped, and `report.md` and the plot are generated from it, never edit
 - `runs`: one `RunRow` per finished run (`rows.py`): its spec, `kind` (`segment`, `branch`,
   `separate`, `range_test`), `budget`, `eval_loss`, `units` and `seconds` from step 0, `own_seconds`,
   `step_counts`, `losses` (every step's training loss), `details`, `note`, `replays`, `reused_from`,
-  `error` (a run that failed twice), `eval_example_losses` (plain full-budget points);
+  `error` (a run that failed twice), `eval_example_losses` (points of 1/4 and of the full budget);
+- `eval_clusters` (per eval example: its document) and `eval_example_tokens` (its scored tokens);
 - `decisions`: what the protocol decided (`plan.Decisions`): the sweep's rates per budget, the best,
   the untuned budgets, the schedule check, the band, each method's race and chosen rate;
 - `plain`: the per-budget best rates, the seed band (and its eval-noise part), the clock noise;
@@ -31,7 +33,7 @@ import torch
 from ..data import DataError
 from .rows import Rows, RunRow
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 FRESH_FLAG = "--fresh"
 RESULTS_FILE = "results.json"
 
@@ -57,8 +59,8 @@ class Record:
             if data.get("schema_version") != SCHEMA_VERSION:
                 raise DataError(
                     f"{path} is a record of the arena's protocol version {data.get('schema_version')!r} "
-                    f"(this arena writes version {SCHEMA_VERSION}: a per-budget tuned frontier from one "
-                    f"trunk); rerun with {FRESH_FLAG} to move it aside (results.v"
+                    f"(this arena writes version {SCHEMA_VERSION}: equal races, paired seeds, a read at the "
+                    f"full budget); rerun with {FRESH_FLAG} to move it aside (results.v"
                     f"{data.get('schema_version')}.json) and start over, or use another --out"
                 )
             if data.get("task_identity") != identity:

@@ -21,7 +21,9 @@ class BenchTask:
     """One task. `build_model(seed)` returns a fresh model; `train`/`evaluation` are the datasets.
 
     `info` is what the record says about the task (model, data, columns, labels); `identity` is what makes
-    two invocations the same task for resuming (the record refuses to mix tasks)."""
+    two invocations the same task for resuming (the record refuses to mix tasks). `eval_clusters` says
+    which eval examples come from one document: their losses move together, so the judge's eval noise
+    is bootstrapped over documents, not examples."""
 
     name: str
     task_type: str
@@ -40,6 +42,7 @@ class BenchTask:
     training_overrides: Mapping[str, Any] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
     recipe: dict[str, Any] | None = None  # how a worker process builds it again (`recipe.py`)
+    eval_clusters: list[int] | None = None  # per eval example: its document (None: each its own)
 
     def __post_init__(self) -> None:
         if self.task_type not in TASK_TYPES:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data import stdlib_lm_datasets, stdlib_package_snippets
+from ..data import stdlib_lm_chunks, stdlib_package_chunks
 from ..tiny_models import tiny_gpt2
 from .instruct import INSTRUCT_PRESET, INSTRUCT_SIZES
 from .task import BenchTask
@@ -50,7 +50,9 @@ class Task:
     description: str
     learning_rate: float
     sizes: dict[str, TaskSize]
-    data: Callable[[TaskSize], tuple[Any, Any]]
+    data: Callable[
+        [TaskSize], tuple[Any, ...]
+    ]  # (train, eval) or (train, eval, each eval example's document)
     model: Callable[[TaskSize, int], nn.Module]
     task_type: str = "causal_lm"
     weight_decay: float = 0.0
@@ -62,12 +64,12 @@ class Task:
         return self.sizes[name]
 
     def build(self, size: TaskSize, seed: int) -> tuple[nn.Module, Any, Any]:
-        return (self.model(size, seed), *self.data(size))
+        return (self.model(size, seed), *self.data(size)[:2])
 
     def bench_task(self, size_name: str) -> BenchTask:
         """This preset at a size, as the arena runs it (the data built once, a model per seed)."""
         size = self.size(size_name)
-        train, evaluation = self.data(size)
+        train, evaluation, *clusters = self.data(size)
         task = BenchTask(
             name=self.name,
             task_type=self.task_type,
@@ -85,6 +87,7 @@ class Task:
                 "description": self.description,
                 "seq_len": size.seq_len,
             },
+            eval_clusters=list(clusters[0]) if clusters else None,
         )
         if self.finish is not None:
             self.finish(task, size)
@@ -92,10 +95,9 @@ class Task:
 
 
 @lru_cache(maxsize=4)
-def clm_data(size: TaskSize) -> tuple[Any, Any]:
-    return stdlib_lm_datasets(
-        block_size=size.seq_len, train_blocks=size.train_examples, eval_blocks=size.eval_examples
-    )
+def clm_data(size: TaskSize) -> tuple[Any, Any, list[int]]:
+    """Byte blocks of the stdlib source, contiguous chunks of every file held out (`held_out_chunks`)."""
+    return stdlib_lm_chunks(size.seq_len, size.train_examples, size.eval_examples)
 
 
 def _tiny_gpt2(size: TaskSize, seed: int) -> nn.Module:
@@ -124,16 +126,13 @@ NUM_PACKAGES = 8
 
 
 @lru_cache(maxsize=4)
-def classification_data(size: TaskSize) -> tuple[Any, Any]:
+def classification_data(size: TaskSize) -> tuple[Any, Any, list[int]]:
     """The stdlib-package snippets through MiniLM's tokenizer, padded to `seq_len` (equal-cost batches)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(minilm_path())
-    train, evaluation, _ = stdlib_package_snippets(
-        chars=4 * size.seq_len,
-        train_per_label=size.train_examples // NUM_PACKAGES,
-        eval_per_label=size.eval_examples // NUM_PACKAGES,
-        held_out=(3, 4),
+    train, evaluation, clusters = stdlib_package_chunks(
+        4 * size.seq_len, size.train_examples // NUM_PACKAGES, size.eval_examples // NUM_PACKAGES
     )
 
     def encode(batch: dict[str, Any]) -> dict[str, Any]:
@@ -143,7 +142,7 @@ def classification_data(size: TaskSize) -> tuple[Any, Any]:
     evaluation = evaluation.map(encode, batched=True, remove_columns=["text"]).rename_column(
         "label", "labels"
     )
-    return train.shuffle(seed=0), evaluation
+    return train.shuffle(seed=0), evaluation, clusters
 
 
 def minilm_classifier(seed: int, num_labels: int = NUM_PACKAGES) -> nn.Module:
@@ -175,7 +174,7 @@ def _decoder_recipe(size: TaskSize) -> Any:
     return TINY_RECIPE if size.seq_len == TINY_RECIPE.seq_len else Recipe()
 
 
-def decoder_data(size: TaskSize) -> tuple[Any, Any]:
+def decoder_data(size: TaskSize) -> tuple[Any, Any, list[int]]:
     from .decoder import docs_blocks
 
     return docs_blocks(size.seq_len, size.train_examples, size.eval_examples)
@@ -190,12 +189,12 @@ def _decoder(size: TaskSize, seed: int, lora: bool) -> nn.Module:
 _DECODER_SIZES = {
     "tiny": TaskSize(steps=8, batch_size=4, seq_len=32, train_examples=64, eval_examples=16),
     "quick": TaskSize(steps=100, batch_size=8, seq_len=128, train_examples=1024, eval_examples=64),
-    "full": TaskSize(steps=200, batch_size=8, seq_len=128, train_examples=2400, eval_examples=640),
+    "full": TaskSize(steps=200, batch_size=8, seq_len=128, train_examples=2400, eval_examples=896),
 }
 _CLS_SIZES = {
     "tiny": TaskSize(steps=6, batch_size=4, seq_len=16, train_examples=64, eval_examples=16),
     "quick": TaskSize(steps=60, batch_size=8, seq_len=48, train_examples=1024, eval_examples=128),
-    "full": TaskSize(steps=200, batch_size=16, seq_len=64, train_examples=2048, eval_examples=1200),
+    "full": TaskSize(steps=200, batch_size=16, seq_len=64, train_examples=3200, eval_examples=2000),
 }
 
 TASKS: dict[str, Task] = {

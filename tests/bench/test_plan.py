@@ -1,303 +1,219 @@
-"""The protocol's decisions, end to end, on runs whose eval losses are written by hand: an executor that
-trains nothing answers each spec from a loss function of (method, rate, budget, seed). The race, the
-early stop, the other seeds and their band, an untuned judge, a kill anywhere."""
+"""The protocol applied to a record, end to end, on runs whose eval losses are written by hand (an executor
+that trains nothing: `fake_arena.py`): the races, the reading at the full budget, the early stop, the
+other seeds, null controls, same-trajectory methods, the schedule check, noise planted where two methods
+are identical, costs, and a kill anywhere."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import shutil
 
 import pytest
+from fake_arena import Fake, plain_loss, run, verdict_of
 
-from hf_hybrid.bench.arena import Arena, parse_methods
-from hf_hybrid.bench.execute import Measured
-from hf_hybrid.bench.executors import Finished
-from hf_hybrid.bench.plan import Protocol
-from hf_hybrid.bench.record import Record
-from hf_hybrid.bench.report import _median_frontier, curve_table, markdown
-from hf_hybrid.bench.spec import RANGE_TEST
-from hf_hybrid.bench.task import BenchTask
-
-STEPS = 200
-PRICE = {"step": 3.0, "freeze:2:step": 2.0, "dropbp:p=0.5:step": 2.5, "forward": 1.0, "blind": 0.0}
+from hf_hybrid.bench import protocol as rules
+from hf_hybrid.bench.report import markdown
 
 
-def plain_loss(rate: float, budget: float, seed: int = 0) -> float:
-    """A bowl in log-rate whose best rate falls as the budget grows (x4 at 1/4, x2 beyond), minus
-    training: what a real sweep looks like."""
-    best = 4.0 if budget <= 0.25 else 2.0
-    return 3.0 - budget + 0.05 * math.log2(rate / best) ** 2 + 0.02 * seed
+def test_plain_s_race_decides_its_frontier_and_the_winner_alone_reaches_the_full_budget(tmp_path):
+    data, executor = run(tmp_path, ["plain"], lambda m, r, b, s: plain_loss(r, b, s), seeds=(0,))
+    assert data["plain"]["best_lr_multiplier"] == {"0.25": 2.0, "0.5": 2.0, "0.75": 2.0, "1.0": 2.0}
+    rungs = data["decisions"]["plain"]["rungs"]
+    assert rungs == {"0.25": [0.5, 1.0, 2.0, 4.0], "0.5": [1.0, 2.0]}
+    trunk_ends = [k for k in executor.ran if "segment" in k and "-200 of 200" in k]
+    assert len(trunk_ends) == 1 and "lr 0.002 " in trunk_ends[0]
 
 
-class Fake:
-    """An executor that answers a spec at once from `loss(method, rate, budget, seed)`."""
+def test_the_race_ranks_by_eval_loss_not_by_time(tmp_path):
+    """A rate whose runs take less time but reach a worse loss must not win a rung."""
 
-    workers = 2
+    def seconds(spec):
+        return 1.0 if spec.lr_multiplier == 4.0 else 100.0
 
-    def __init__(self, loss, stop_after: int | None = None, own_schedule: float = 0.0) -> None:
-        self.loss, self.pending, self.stop_after, self.ran = loss, [], stop_after, []
-        self.own_schedule = own_schedule  # added to the loss of a run in the task's own (linear) schedule
-        self.submitted: list[tuple[str, list[str]]] = []  # each spec and what was in flight beside it
-
-    def submit(self, spec):
-        self.submitted.append((spec.key, [p.key for p in self.pending]))
-        self.pending.append(spec)
-        return "fake"
-
-    def wait(self):
-        if self.stop_after is not None and len(self.ran) >= self.stop_after:
-            raise KeyboardInterrupt
-        spec = self.pending.pop(0)
-        self.ran.append(spec.key)
-        if spec.saves:  # what the run leaves for its branch and its continuation
-            os.makedirs(f"{spec.trunk_dir}/checkpoint-{spec.stop}", exist_ok=True)
-        kind = {"freeze:2": "freeze:2:step", "dropbp:p=0.5": "dropbp:p=0.5:step"}.get(spec.method, "step")
-        budget = spec.steps / STEPS
-        loss = None
-        if spec.evaluate:
-            loss = self.loss(spec.method, spec.lr_multiplier, budget, spec.seed)
-            loss += self.own_schedule if '"linear"' in spec.schedule_json else 0.0
-        losses = (
-            [3.0] * (spec.stop - spec.start) if spec.kind == RANGE_TEST else [2.0] * (spec.stop - spec.start)
-        )
-        measured = Measured(
-            stop=spec.stop,
-            eval_loss=loss,
-            step_counts={kind: spec.stop},
-            own_seconds=float(spec.stop - spec.start),
-            wall_seconds=float(spec.stop - spec.start),
-            clock="cpu_time",
-            losses=losses,
-            eval_example_losses=[loss + 0.01 * (i % 3) for i in range(30)]
-            if spec.per_example and loss
-            else None,
-        )
-        return [Finished(spec, "fake", measured)]
-
-    def close(self):
-        self.pending.clear()
+    executor = Fake(lambda m, r, b, s: plain_loss(r, b, s), seconds=seconds)
+    data, _ = run(tmp_path, ["plain"], None, seeds=(0,), executor=executor)
+    assert data["plain"]["best_lr_multiplier"]["0.25"] == 2.0
 
 
-def _task() -> BenchTask:
-    return BenchTask(
-        name="fake",
-        task_type="causal_lm",
-        build_model=lambda seed: None,
-        train=[0] * 100,
-        evaluation=[0] * 10,
-        learning_rate=1e-3,
-        max_steps=STEPS,
-        batch_size=4,
-    )
+def test_a_method_is_raced_by_plain_s_rules_around_plain_s_rate(tmp_path):
+    def loss(m, r, b, s):  # the method's own best rate is x4: its race must find it, interior
+        best = 4.0 if m == "freeze:2" else 2.0
+        return 3.0 - b + 0.05 * math.log2(r / best) ** 2 + 0.003 * s
+
+    data, _ = run(tmp_path, ["plain", "freeze:2"], loss, seeds=(0,))
+    race = data["decisions"]["methods"]["freeze:2"]["race"]
+    assert race["rungs"]["0.25"] == [1.0, 2.0, 4.0, 8.0]  # x4 at the top edge of x1-x4: widened
+    assert race["best"]["1.0"] == 4.0 and race["untuned"] == {}
+    assert verdict_of(data, "freeze:2")["lr_multiplier_of_plain"] == 2.0
 
 
-def arena(tmp_path, methods, loss, seeds=(0, 1, 2), stop_after=None, widen=3, name="out", check=False, own=0):
-    out = tmp_path / name
-    out.mkdir(exist_ok=True)
-    task = _task()
-    path = out / "results.json"
-    if not path.exists():  # the prices of a timed calibration, written by hand
-        record = Record.open(out, task.describe(), task.identity(), "test")
-        record.data["calibration"] = {
-            "forward_seconds": 1.0,
-            "step_seconds": {k: v for k, v in PRICE.items() if k not in ("forward", "blind")},
-        }
-        record.save()
-    record = Record.open(out, task.describe(), task.identity(), "test")
-    parsed, nulls = parse_methods(methods)
-    protocol = Protocol(seeds=seeds, lr_multipliers=(0.5, 1.0, 2.0, 4.0), widen=widen, schedule_check=check)
-    executor = Fake(loss, stop_after, own)
-    Arena(task, parsed, nulls, protocol, record, executor=executor, echo=lambda line: None).run()
-    return json.loads(path.read_text()), executor
+def test_a_method_whose_race_ends_at_an_edge_is_untuned_never_a_win(tmp_path):
+    def loss(m, r, b, s):  # ever better at a larger rate (the slope beats plain's bowl): no interior best
+        return plain_loss(r, b, s) - (0.2 + 0.5 * math.log2(r) if m == "freeze:2" else 0.0)
+
+    data, _ = run(tmp_path, ["plain", "freeze:2"], loss, widen=1)
+    verdict = verdict_of(data, "freeze:2")
+    assert verdict["verdict"] == rules.UNTUNED and "untuned" in verdict["reason"]
 
 
-def _verdict(data, method):
-    return next(v for v in data["verdicts"] if v["method"] == method)
+def test_every_verdict_reads_the_full_budget_paired_with_plain_s_seeds(tmp_path):
+    def loss(m, r, b, s):  # better than plain by 0.1 at 3/4 but only 0.02 at the end: read at the end
+        gain = {0.75: 0.1, 1.0: 0.02}.get(b, 0.0) if m == "freeze:2" else 0.0
+        return plain_loss(r, b, s) - gain
+
+    data, _ = run(tmp_path, ["plain", "freeze:2"], loss)
+    verdict = verdict_of(data, "freeze:2")
+    assert verdict["budget"] == 1.0
+    assert verdict["loss_delta"] == pytest.approx(-0.02)
+    for seed in verdict["per_seed"]:  # each seed against plain's run of that seed, not the first seed's
+        assert seed["loss_delta"] == pytest.approx(-0.02)
+        assert seed["plain_eval_loss"] == pytest.approx(plain_loss(2.0, 1.0, seed["seed"]))
 
 
-def test_each_budget_gets_its_own_best_rate_and_only_two_rates_go_on(tmp_path):
-    data, executor = arena(tmp_path, ["plain"], lambda m, r, b, s: plain_loss(r, b, s), seeds=(0,))
-    assert data["plain"]["best_lr_multiplier"] == {"0.25": 4.0, "0.5": 2.0, "0.75": 2.0, "1.0": 2.0}
-    sweep = data["decisions"]["sweep"]["active"]
-    assert sweep["0.25"] == [0.5, 1.0, 2.0, 4.0, 8.0]  # x4 best at the top edge: x8 added
-    assert sweep["0.5"] == [1.0, 2.0, 4.0] and sweep["1.0"] == [1.0, 2.0]
-    assert data["plain"]["untuned"] == {}
-
-
-def test_a_best_rate_at_the_edge_after_the_widenings_is_called_untuned(tmp_path):
-    rising = lambda m, r, b, s: 3.0 - b - 0.01 * r  # noqa: E731 - always better at a larger rate
-    data, _ = arena(tmp_path, ["plain", "freeze:2"], rising, seeds=(0,), widen=1)
-    assert set(data["plain"]["untuned"]) == {"0.25", "0.5", "0.75", "1.0"}
-    assert "the judge is not tuned at" in _verdict(data, "freeze:2")["reason"]
-
-
-def test_a_method_far_below_the_frontier_at_half_stops_there(tmp_path):
+def test_a_method_far_below_plain_at_half_stops_there_and_loses(tmp_path):
     def loss(m, r, b, s):
         return plain_loss(r, b, s) + (0.4 if m == "freeze:2" else 0.0)
 
-    data, executor = arena(tmp_path, ["plain", "freeze:2"], loss)
-    verdict = _verdict(data, "freeze:2")
-    assert verdict["verdict"] == "loses" and verdict["stopped_at"] == 0.5
-    assert not any(k.startswith("freeze:2") and ("of 200" in k and "-200 " in k) for k in executor.ran)
-    assert verdict["seeds"] == [0]
+    data, executor = run(tmp_path, ["plain", "freeze:2"], loss)
+    verdict = verdict_of(data, "freeze:2")
+    assert verdict["verdict"] == rules.LOSES and verdict["stopped_at"] == 0.5
+    assert not any(k.startswith("freeze:2") and "-200 of 200" in k for k in executor.ran)
 
 
 def test_a_method_that_may_win_gets_the_other_seeds_and_wins_past_the_band(tmp_path):
     def loss(m, r, b, s):
         return plain_loss(r, b, s) - (0.15 if m == "freeze:2" else 0.0)
 
-    data, _ = arena(tmp_path, ["plain", "freeze:2"], loss)
-    verdict = _verdict(data, "freeze:2")
+    data, _ = run(tmp_path, ["plain", "freeze:2"], loss)
+    verdict = verdict_of(data, "freeze:2")
     assert verdict["seeds"] == [0, 1, 2]
-    assert verdict["verdict"] == "wins", verdict["reason"]
+    assert verdict["verdict"] == rules.WINS, verdict["reason"]
 
 
 def test_a_tie_within_the_band_stays_on_one_seed(tmp_path):
-    def loss(m, r, b, s):
-        # its steps cost 2.5 units against plain's 3: at +0.167 b it reaches what plain reaches for the
-        # same compute (full budget: 2.25 at 450 units, 2.0 at 600, so 2.167 at 500; half: 2.583 at 250)
-        return plain_loss(r, b, s) + (0.167 * b if m == "dropbp:p=0.5" else 0.0)
-
-    data, _ = arena(tmp_path, ["plain", "dropbp:p=0.5"], loss)
-    band = data["plain"]["seed_band"]
-    verdict = _verdict(data, "dropbp:p=0.5")
-    reading = verdict["per_seed"][0]["speedup_units"]
-    assert 1 - band <= reading <= 1 + band and verdict["seeds"] == [0] and verdict["verdict"] == "ties"
-
-
-def test_the_largest_rate_winning_at_a_quarter_races_on_to_half(tmp_path):
-    def loss(m, r, b, s):  # the method likes x4 early and x2 later: a short-horizon bias
-        if m == "freeze:2":
-            return plain_loss(r, b, s) - 0.1
-        return plain_loss(r, b, s)
-
-    data, _ = arena(tmp_path, ["plain", "freeze:2"], loss, seeds=(0,))
-    race = data["decisions"]["methods"]["freeze:2"]["race"]
-    assert race["0.25"] == {"rates": [2.0, 4.0], "winner": 4.0}
-    assert race["0.5"] == {"rates": [2.0, 4.0], "winner": 2.0}
-    assert _verdict(data, "freeze:2")["lr_multiplier"] == 2.0
-
-
-def test_a_rate_that_wins_early_and_overfits_late_is_dropped_at_the_budget_where_it_loses(tmp_path):
-    def loss(m, r, b, s):  # the method likes x4 up to 1/2 and x2 from 3/4 on: decided only at 3/4
-        if m == "freeze:2":
-            best = 4.0 if b <= 0.5 else 2.0
-            return 3.0 - b + 0.05 * math.log2(r / best) ** 2 - 0.1
-        return plain_loss(r, b, s)
-
-    data, _ = arena(tmp_path, ["plain", "freeze:2"], loss, seeds=(0,))
-    record = data["decisions"]["methods"]["freeze:2"]
-    assert [record["race"][b]["rates"] for b in ("0.25", "0.5", "0.75", "1.0")] == [[2.0, 4.0]] * 3 + [[2.0]]
-    assert record["lr_multiplier_by_budget"] == {"0.25": 4.0, "0.5": 4.0, "0.75": 2.0, "1.0": 2.0}
-    verdict = _verdict(data, "freeze:2")
-    assert verdict["lr_multiplier"] == 2.0
-    assert [c["lr_multiplier"] for c in verdict["curve"]] == [4.0, 4.0, 2.0, 2.0]
-    full = next(r for r in data["runs"] if r["method"] == "freeze:2" and r["point"] and r["budget"] == 1.0)
-    assert (
-        verdict["per_seed"][0]["eval_loss"]
-        == full["eval_loss"]
-        == pytest.approx(loss("freeze:2", 2.0, 1.0, 0))
+    # its steps cost 2/3 of plain's: at +b/3 it reaches what plain reaches for the same compute
+    data, _ = run(
+        tmp_path, ["plain", "freeze:2"], lambda m, r, b, s: plain_loss(r, b, s) + b / 3 * (m != "plain")
     )
-    curve_row = next(line for line in curve_table(data) if "`freeze:2`" in line)
-    assert curve_row.count("at x4") == 2 and curve_row.count("at x") == 2
+    verdict = verdict_of(data, "freeze:2")
+    assert verdict["seeds"] == [0] and verdict["verdict"] == rules.TIES
 
 
-def test_on_a_task_that_overfits_every_reading_is_at_its_best_budget(tmp_path):
-    """Eval loss rises after 3/4 for plain and method alike: plain's frontier is read at its best point so
-    far, and so are the method (its other seeds run at that budget) and the band."""
+@pytest.mark.parametrize("seeds", [(0,), (0, 1), (0, 1, 2)])
+def test_a_method_identical_to_plain_reads_a_tie_at_every_seed_count(tmp_path, seeds):
+    """Planted noise: `freeze:2` here trains plain's runs to the last digit, under another name, priced as
+    plain; its own per-example draws are plain's too. It must never read a win or a loss."""
+    executor = Fake(lambda m, r, b, s: plain_loss(r, b, s), aliases={"freeze:2": "plain"})
+    data, _ = run(tmp_path, ["plain", "freeze:2"], None, seeds=seeds, executor=executor)
+    verdict = verdict_of(data, "freeze:2")
+    assert verdict["verdict"] == rules.TIES, verdict["reason"]
+    assert verdict["speedup_units"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("seeds", [(0, 1), (0, 1, 2)])
+def test_a_method_as_good_as_plain_with_its_own_noise_reads_a_tie(tmp_path, seeds):
+    """Planted noise: a method whose loss is plain's plus its own seed noise as large as plain's (drawn
+    independently) and whose eval examples have their own noise: a tie, not a win or a loss."""
 
     def loss(m, r, b, s):
-        overfit = 2.0 * max(0.0, b - 0.75)
-        return plain_loss(r, b, s) + overfit - (0.05 if m == "freeze:2" else 0.0)
+        own = {0: 0.004, 1: -0.002, 2: 0.001}[s] if m == "freeze:2" else 0.0
+        return plain_loss(r, b, s) + own + b / 3 * (m == "freeze:2")  # its cheaper steps, at equal cost
 
-    data, executor = arena(tmp_path, ["plain", "freeze:2"], loss)
-    record = data["decisions"]["methods"]["freeze:2"]
-    assert record["read_at"] == 0.75 and record["lr_multiplier"] == record["lr_multiplier_by_budget"]["0.75"]
-    verdict = _verdict(data, "freeze:2")
-    assert [r["budget"] for r in verdict["per_seed"]] == [0.75, 0.75, 0.75]
-    other_seeds = [r for r in data["runs"] if r["method"] == "freeze:2" and r["seed"] > 0]
-    assert {(r["kind"], r["budget"]) for r in other_seeds} == {("separate", 0.75)}
-    # freeze:2's steps cost 2 units against plain's 3: at its best budget it is 1.5x cheaper for a lower
-    # loss, a lower bound; read at the end, where plain's own full run reads 0.6x, it would read < 1
-    first = verdict["per_seed"][0]
-    assert first["speedup_units"] >= 1.5 and first["speedup_units_kind"] != "interpolated"
-    assert next(c for c in verdict["curve"] if c["budget"] == 1.0)["speedup_units"] < 1.0
-    # the band compares the seeds' best points (plain_loss's seeds differ by 0.02), not their overfit ends
-    assert data["plain"]["seed_band"] < 0.3
-    assert verdict["verdict"] == "wins", verdict["reason"]
+    data, _ = run(tmp_path, ["plain", "freeze:2"], loss, seeds=seeds)
+    assert verdict_of(data, "freeze:2")["verdict"] == rules.TIES
 
 
-def test_the_early_stop_is_decided_once_at_half_by_half_s_winner(tmp_path):
-    def loss(m, r, b, s):  # x2 is far worse than x4 at 1/2 (x4 wins there) and the better rate from 3/4
-        if m == "freeze:2":
-            bad_at_half = 0.6 if (r, b) == (2.0, 0.5) else 0.0
-            return plain_loss(r, b, s) - 0.1 - (0.1 if (r == 2.0 and b > 0.5) else 0.0) + bad_at_half
-        return plain_loss(r, b, s)
-
-    data, _ = arena(tmp_path, ["plain", "freeze:2"], loss, seeds=(0,))
-    record = data["decisions"]["methods"]["freeze:2"]
-    assert record["lr_multiplier_by_budget"] == {"0.25": 4.0, "0.5": 4.0, "0.75": 2.0, "1.0": 2.0}
-    assert "stopped_at" not in record and _verdict(data, "freeze:2")["stopped_at"] is None
-
-
-def _check_run(key: str) -> bool:
-    return key.startswith("plain") and "separate linear" in key
-
-
-def test_the_other_seeds_start_at_a_budget_as_soon_as_the_sweep_has_passed_it(tmp_path):
-    _, executor = arena(tmp_path, ["plain"], lambda m, r, b, s: plain_loss(r, b, s))
-    first_other_seed = next(i for i, k in enumerate(executor.ran) if "seed 1" in k)
-    last_sweep_point = max(i for i, k in enumerate(executor.ran) if "seed 0" in k and "branch" in k)
-    assert first_other_seed < last_sweep_point
-
-
-def test_the_methods_run_beside_the_schedule_check_and_it_keeps_the_trunk(tmp_path):
+def test_with_one_seed_a_reading_outside_the_known_band_is_unresolved(tmp_path):
     def loss(m, r, b, s):
-        return plain_loss(r, b, s) + {"freeze:2": -0.1}.get(m, 0.0)
+        return plain_loss(r, b, s) - (0.15 if m == "freeze:2" else 0.0)
 
-    data, executor = arena(tmp_path, ["plain", "freeze:2"], loss, seeds=(0,), check=True, own=0.01)
-    beside = [k for k, flight in executor.submitted if "freeze" in k and any(map(_check_run, flight))]
-    assert beside  # a method's run started while a run of the check was in flight
+    data, _ = run(tmp_path, ["plain", "freeze:2"], loss, seeds=(0,))
+    verdict = verdict_of(data, "freeze:2")
+    assert verdict["verdict"] == rules.UNRESOLVED and "2 or more seeds" in verdict["reason"]
+    assert "--seeds 0 1 2" in markdown(data)
+
+
+def test_a_same_trajectory_method_is_judged_in_time_from_one_short_run(tmp_path):
+    def seconds(spec):
+        return (spec.stop - spec.start) * (0.5 if spec.method.startswith("args:") else 1.0)
+
+    executor = Fake(
+        lambda m, r, b, s: plain_loss(r, b, s), aliases={"args:torch_compile=true": "plain"}, seconds=seconds
+    )
+    data, ran = run(tmp_path, ["plain", "args:torch_compile=true"], None, executor=executor)
+    verdict = verdict_of(data, "args:torch_compile=true")
+    assert verdict["same_trajectory"] and verdict["verdict"] == rules.WINS
+    assert verdict["speedup_time"] == pytest.approx(2.0)
+    mine = [k for k in ran.ran if k.startswith("args:")]
+    assert len(mine) == 1 and "0-50 of 50" in mine[0]  # one run of a quarter of the budget
+
+
+def test_a_same_trajectory_method_that_leaves_plain_s_trajectory_is_raced(tmp_path):
+    def loss(m, r, b, s):
+        # its steps cost half of plain's: +0.8 is worse than plain at half its budget (+0.5)
+        return plain_loss(r, b, s) + (0.8 if m.startswith("args:") else 0.0)
+
+    data, _ = run(tmp_path, ["plain", "args:torch_compile=true"], loss)
+    verdict = verdict_of(data, "args:torch_compile=true")
+    assert not verdict["same_trajectory"] and verdict["verdict"] == rules.LOSES
+    assert data["decisions"]["methods"]["args:torch_compile=true"]["same_trajectory"]["matches"] is False
+
+
+def test_the_schedule_check_runs_once_at_one_rate_and_keeps_the_trunk(tmp_path):
+    data, executor = run(
+        tmp_path, ["plain"], lambda m, r, b, s: plain_loss(r, b, s), seeds=(0,), schedule_check=True
+    )
+    checks = [k for k in executor.ran if "separate linear" in k]
+    assert len(checks) == 1 and "lr 0.002 " in checks[0]
     assert data["decisions"]["mode"] == "wsd" and data["decisions"]["schedule_check"]["fallback"] is False
-    assert sum(map(_check_run, executor.ran)) == 3 and not data["unused"]
-    assert _verdict(data, "freeze:2")["speedup_units"] > 1.0
 
 
 def test_a_trunk_worse_than_the_task_s_own_schedule_sends_every_run_to_separate_runs(tmp_path):
-    """The fallback, reached after the methods ran beside the check: their trunk runs are left unused,
-    every reading is taken again from separate runs in the task's own schedule, and nothing of the trunk
-    is started once it is decided (here: a second seed asked for afterwards)."""
-
-    def loss(m, r, b, s):
-        return plain_loss(r, b, s) + {"freeze:2": -0.1}.get(m, 0.0)
-
-    methods = ["plain", "freeze:2"]
-    arena(tmp_path, methods, loss, seeds=(0,), check=True, own=-0.05)
-    data, executor = arena(tmp_path, methods, loss, seeds=(0, 1), check=True, own=-0.05)
-    assert executor.ran and not [k for k in executor.ran if "warmup_stable_decay" in k]
-    check = data["decisions"]["schedule_check"]
-    assert data["decisions"]["mode"] == "separate" and check["fallback"] is True
-    assert check["trunk_eval_loss"] - check["own_schedule_eval_loss"] == pytest.approx(0.05)
-    assert any(k.startswith("freeze:2") and "segment" in k for k in data["unused"])
+    executor = Fake(lambda m, r, b, s: plain_loss(r, b, s), own_schedule=-0.2)
+    data, _ = run(tmp_path, ["plain", "freeze:2"], None, seeds=(0,), executor=executor, schedule_check=True)
+    assert data["decisions"]["mode"] == "separate" and data["decisions"]["schedule_check"]["fallback"]
     used = [r for r in data["runs"] if r["key"] not in data["unused"] and r["method"] == "freeze:2"]
-    assert used and all(r["kind"] == "separate" for r in used)  # the wsd sweep stays: the check stood on it
-    assert _verdict(data, "freeze:2")["speedup_units"] > 1.0
-    # the report reads the separate runs too: a frontier point at every budget, the task's own schedule
-    assert len(_median_frontier(data)) == 4 and 'lr_scheduler_type="linear")' in markdown(data)
+    assert used and all(r["kind"] == "separate" for r in used)
+    assert 'lr_scheduler_type="linear"' in markdown(data)
 
 
-@pytest.mark.parametrize("stop_after", [1, 5, 13, 29])
+def test_the_record_states_the_resolution_and_what_each_part_cost(tmp_path):
+    data, _ = run(
+        tmp_path, ["plain", "freeze:2"], lambda m, r, b, s: plain_loss(r, b, s) - 0.15 * (m != "plain")
+    )
+    resolution = data["plain"]["resolution"]
+    assert resolution["seeds"] == 3 and 1.0 < resolution["resolution"] < 1.5
+    cost = data["plain"]["cost_plain_runs"]
+    assert cost["other_seeds"] == pytest.approx(2.0)  # two full runs, one per other seed
+    assert cost["total"] == pytest.approx(sum(v for k, v in cost.items() if k != "total"))
+    assert verdict_of(data, "freeze:2")["cost_plain_runs"] > 0
+    text = markdown(data)
+    assert "**Resolution:" in text and "Plain's part cost" in text
+
+
+def test_a_changed_rule_reaches_the_record_and_the_report(tmp_path, monkeypatch):
+    monkeypatch.setattr(rules, "SPACING", 4.0)
+    data, _ = run(
+        tmp_path,
+        ["plain"],
+        lambda m, r, b, s: plain_loss(r, b, s),
+        seeds=(0,),
+        lr_multipliers=(0.25, 1.0, 4.0),
+    )
+    assert data["protocol"]["rules"]["widening while the best sits at an edge"].startswith("x4 a step")
+    assert "x4 a step" in markdown(data)
+
+
+@pytest.mark.parametrize("stop_after", [1, 7, 19, 31])
 def test_an_arena_stopped_anywhere_and_rerun_is_the_uninterrupted_one(tmp_path, stop_after):
     def loss(m, r, b, s):
-        return plain_loss(r, b, s) + {"freeze:2": -0.1, "dropbp:p=0.5": 0.4}.get(m, 0.0)
+        return plain_loss(r, b, s) + {"freeze:2": -0.15, "dropbp:p=0.5": 0.4}.get(m, 0.0)
 
     methods = ["plain", "freeze:2", "dropbp:p=0.5"]
-    whole, _ = arena(tmp_path, methods, loss, name="whole")
+    whole, _ = run(tmp_path / "whole", methods, loss)
     with pytest.raises(KeyboardInterrupt):
-        arena(tmp_path, methods, loss, stop_after=stop_after, name="killed")
-    again, _ = arena(tmp_path, methods, loss, name="killed")
+        run(tmp_path / "killed", methods, None, executor=Fake(loss, stop_after=stop_after))
+    again, _ = run(tmp_path / "killed", methods, loss)
 
     def facts(data):
         runs = sorted((r["key"], r["eval_loss"], r["units"]) for r in data["runs"])
@@ -306,20 +222,16 @@ def test_an_arena_stopped_anywhere_and_rerun_is_the_uninterrupted_one(tmp_path, 
     assert facts(again) == facts(whole)
 
 
-@pytest.mark.parametrize("stop_after", [13, 29])
-def test_checkpoints_lost_with_the_coordinator_are_rebuilt_segment_by_segment(tmp_path, stop_after):
-    """A trunk whose every checkpoint is gone continues after rebuilding its recorded segments in turn:
-    the cleaner must not delete the one the next rebuild starts from."""
-
+def test_checkpoints_lost_with_the_coordinator_are_rebuilt_segment_by_segment(tmp_path):
     def loss(m, r, b, s):
-        return plain_loss(r, b, s) + {"freeze:2": -0.1}.get(m, 0.0)
+        return plain_loss(r, b, s) + {"freeze:2": -0.15}.get(m, 0.0)
 
     methods = ["plain", "freeze:2"]
-    whole, _ = arena(tmp_path, methods, loss, name="whole")
+    whole, _ = run(tmp_path / "whole", methods, loss)
     with pytest.raises(KeyboardInterrupt):
-        arena(tmp_path, methods, loss, stop_after=stop_after, name="killed")
+        run(tmp_path / "killed", methods, None, executor=Fake(loss, stop_after=19))
     shutil.rmtree(tmp_path / "killed" / "checkpoints")
-    again, executor = arena(tmp_path, methods, loss, name="killed")
+    again, executor = run(tmp_path / "killed", methods, loss)
     runs = lambda data: sorted((r["key"], r["eval_loss"]) for r in data["runs"])  # noqa: E731
     assert runs(again) == runs(whole) and again["verdicts"] == whole["verdicts"]
-    assert len(executor.ran) > len(again["runs"]) - stop_after  # recorded segments were run again
+    assert len(executor.ran) > len(again["runs"]) - 19  # recorded segments were run again

@@ -55,7 +55,7 @@ def llama_task(size: str) -> BenchTask:
     """A 3-layer, 128-wide Llama configuration from scratch, on `clm_stdlib`'s byte-level data and budget
     at that size (another architecture: RMSNorm, rotary embeddings, gated MLP, untied head)."""
     shape = get_task("clm_stdlib").size(size)
-    train, evaluation = clm_data(shape)
+    train, evaluation, _ = clm_data(shape)
     config = LlamaConfig(
         vocab_size=BYTE_VOCAB_SIZE,
         hidden_size=128,

@@ -137,7 +137,7 @@ class Method:
     positional: ClassVar[str | None] = None  # `freeze:3` means `freeze:k=3`
     replays_parent: ClassVar[bool] = False  # a null control that replays its parent run's phases
     budget_schedule: ClassVar[str] = BRANCHED
-    lr_multipliers: ClassVar[tuple[float, ...]] = (1.0, 2.0)  # its rates, x the plain full-budget best
+    rate_scale: ClassVar[float] = 1.0  # its race's centre, x plain's full-budget rate
 
     @property
     def same_trajectory(self) -> bool:

@@ -1,15 +1,16 @@
 """`peft:lora`: is LoRA cheaper to the same eval loss than the full fine-tune? The task's model with rank-`r`
 adapters (peft's default modules for the architecture, or `targets`), trained on the same data and schedule.
 
-LoRA's rates are an order of magnitude above a full fine-tune's, so its own race starts at x4, x8, x16 of the
-plain full-budget best rate. A task whose model already trains adapters is refused: there is nothing to
-compare.
+LoRA's rates are an order of magnitude above a full fine-tune's, so its race is centred at
+`ADAPTER_RATE_SCALE` (10) x plain's full-budget rate, and follows plain's rules from there. A task whose
+model already trains adapters is refused: there is nothing to compare.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..protocol import ADAPTER_RATE_SCALE
 from .base import STEP, Method, MethodError, TrialContext
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ class PeftAdapters(Method):
         "targets": "module names joined by + (default: peft's for the architecture)",
     }
     positional: ClassVar[str | None] = "kind"
-    lr_multipliers: ClassVar[tuple[float, ...]] = (4.0, 8.0, 16.0)
+    rate_scale: ClassVar[float] = ADAPTER_RATE_SCALE  # adapters train at about ten times the rate
 
     def __post_init__(self) -> None:
         super().__post_init__()

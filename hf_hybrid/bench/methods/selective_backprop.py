@@ -134,11 +134,15 @@ def count_items(labels: torch.Tensor, causal: bool) -> torch.Tensor:
     return torch.tensor(labels.shape[0])
 
 
-def per_sample_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy per sample: shifted for a causal LM ([B, T, V]), plain for a classifier."""
+def per_sample_loss(logits: torch.Tensor, labels: torch.Tensor, with_counts: bool = False) -> Any:
+    """Mean cross-entropy per sample: shifted for a causal LM ([B, T, V]), plain for a classifier; with
+    `with_counts`, also each sample's count of scored tokens (a classifier's: 1)."""
     if logits.dim() == 3:
         logits, labels = logits[:, :-1].float(), labels[:, 1:]
         token = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")
-        counts = (labels != -100).sum(1).clamp(min=1)
-        return token.sum(1) / counts
-    return F.cross_entropy(logits.float(), labels, reduction="none")
+        counts = (labels != -100).sum(1)
+        mean = token.sum(1) / counts.clamp(min=1)
+    else:
+        mean = F.cross_entropy(logits.float(), labels, reduction="none")
+        counts = torch.ones_like(labels)
+    return (mean, counts) if with_counts else mean

@@ -1,0 +1,433 @@
+"""The arena's protocol in one place: its rules and defaults as data, its decisions as pure functions.
+
+Everything the judge decides is a small function of the record's numbers, here: the planner
+(`plan.py`) asks these functions which runs it needs, the verdicts (`verdicts.py`) read the points with
+them, and the report and the docs print `rules()` (docs/bench.md's table of rules is its output, checked
+by a test). Changing a rule is changing one constant or one function of this module.
+
+The rules, in the order a task meets them:
+
+- **Budgets** `BUDGETS` of the full step budget, each a cooldown branch of `COOLDOWN` (`DECAY` shape)
+  forked off one warmup-stable-decay trunk per rate (`budget.py` holds the geometry).
+- **The race** (plain and every method alike): the first rates `FIRST_RATES` x the centre run to the first
+  rung; at each rung of `RACE_RUNGS` the best (lowest eval loss) must be *interior* (the rate below it ran
+  there and did worse, the rate above did worse there or at a shorter rung), else the grid widens by
+  `SPACING` on the open side, at most `MAX_WIDENINGS` times a side, and an edge after that is *untuned*;
+  from one rung to the next go on the best and the rate below it; after the last rung the winner alone
+  goes on to the full budget (its ¾ branch is plain's frontier point there).
+- **The centre**: plain's is the base rate (the task's, the user's, or a range test's); a method's is
+  plain's full-budget rate x its `rate_scale` (`ADAPTER_RATE_SCALE` for adapters replacing a full
+  fine-tune: LoRA's rates sit about ten times higher).
+- **The reading rule**, fixed before looking: every verdict reads the full budget (`READ_AT`). Each
+  seed's method run is paired with plain's run of that seed; the mean eval-loss difference over the
+  seeds is read on the first seed's plain frontier as a speed-up.
+- **Noise where it lives**: a speed-up's band joins the plain seeds' spread (run to run), a cluster
+  bootstrap of the paired eval-loss difference over the eval set's documents, the budget grid's
+  interpolation error and the calibrated price's error, `Z` standard errors wide. A task's *resolution*
+  is that band for two equally good methods: the smallest speed-up its judge can tell from 1.0x.
+- **Verdicts**: wins above the band, loses below it, ties inside; unresolved when the band misses its
+  seed part (one plain seed) and the reading lies outside the rest; untuned when either side's rate sits
+  at an edge. A method below the band's square at `EARLY_STOP_AT` stops there and loses.
+- **Other seeds** of a method run only where they can change its verdict.
+- **Same-trajectory methods** (compilers, fused kernels) run `SAME_TRAJECTORY_BUDGET` of the budget at
+  plain's rate: if their eval loss there is plain's within the resolution they are judged in time against
+  the clock noise, else raced as any other method.
+- **The schedule check**: the task's own schedule at plain's full-budget rate; a trunk worse than it by
+  more than `Z` paired standard errors sends every run to separate runs in that schedule.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+# ---- the rules' constants ------------------------------------------------------------------------------
+
+BUDGETS = (0.25, 0.5, 0.75, 1.0)
+COOLDOWN = 0.2
+DECAY = "1-sqrt"
+FIRST_RATES = (0.5, 1.0, 2.0)
+SPACING = 2.0
+MAX_WIDENINGS = 2
+RACE_RUNGS = (0.25, 0.5)
+READ_AT = 1.0
+EARLY_STOP_AT = 0.5
+Z = 2.0
+BOOTSTRAP_DRAWS = 2000
+BOOTSTRAP_SEED = 0
+ADAPTER_RATE_SCALE = 10.0
+SAME_TRAJECTORY_BUDGET = 0.25
+TARGET_RESOLUTION = 1.15
+SCHEDULE = "wsd"
+
+# verdict words
+WINS, LOSES, TIES, UNRESOLVED, UNTUNED = "wins", "loses", "ties", "unresolved", "untuned"
+
+# (rate, budget) -> the eval loss of that point, or None while it has not run
+LossAt = Callable[[float, float], "float | None"]
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """The settings one arena runs with (the flags of `hf-hybrid bench`); every default is a rule's."""
+
+    seeds: Sequence[int] = (0,)
+    lr_multipliers: Sequence[float] = field(default_factory=lambda: FIRST_RATES)  # the first grid
+    widen: int = field(default_factory=lambda: MAX_WIDENINGS)
+    cooldown: float = field(default_factory=lambda: COOLDOWN)
+    decay: str = field(default_factory=lambda: DECAY)
+    schedule: str = field(default_factory=lambda: SCHEDULE)
+    schedule_check: bool = True
+    warm_steps: int = 2
+    timed_steps: int = 8
+
+
+# ---- the race ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Race:
+    """What the race of one method (plain included) has decided, and the points it still needs."""
+
+    rungs: dict[float, list[float]] = field(default_factory=dict)  # rung -> the rates judged there
+    best: dict[float, float] = field(default_factory=dict)  # budget -> its rate (after the rungs: the winner)
+    untuned: dict[float, str] = field(default_factory=dict)  # rung -> why its best sits at an edge
+    wanted: list[tuple[float, float]] = field(default_factory=list)  # (rate, budget) to run next
+
+    @property
+    def decided(self) -> bool:
+        """The last rung is judged: the full budget's rate is known."""
+        return RACE_RUNGS[-1] in self.best
+
+    @property
+    def rate(self) -> float | None:
+        return self.best.get(READ_AT)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rungs": {str(b): sorted(rates) for b, rates in self.rungs.items()},
+            "best": {str(b): r for b, r in self.best.items()},
+            "untuned": {str(b): why for b, why in self.untuned.items()},
+        }
+
+
+def first_grid(centre: float, first: Sequence[float] | None = None) -> list[float]:
+    """The rates every race starts from: `FIRST_RATES` (or `first`) x the centre."""
+    return sorted(centre * f for f in (first or FIRST_RATES))
+
+
+def carried(best: float) -> list[float]:
+    """What goes on from one rung to the next: the best and the rate below it (a longer budget's best
+    rate is rarely larger than a shorter one's: the short-horizon bias)."""
+    return [best / SPACING, best]
+
+
+def open_side(best: float, rung: float, judged: Sequence[float], loss_at: LossAt) -> str | None:
+    """Which side of `best` is not yet shown worse ("below", "above"), or None when it is interior: the
+    rate below ran at this rung and did worse, the rate above did no better here or at a shorter rung
+    (a tie goes to the smaller rate, so an equal rate above closes the side: the optimum lies between)."""
+    here = loss_at(best, rung)
+    below = best / SPACING
+    below_loss = loss_at(below, rung) if any(math.isclose(r, below) for r in judged) else None
+    if below_loss is None or below_loss <= here:
+        return "below"
+    for shorter in (b for b in RACE_RUNGS if b <= rung):
+        above, mine = loss_at(best * SPACING, shorter), loss_at(best, shorter)
+        if above is not None and mine is not None and above >= mine:
+            return None
+    return "above"
+
+
+def race(grid: Sequence[float], loss_at: LossAt, widen: int | None = None) -> Race:
+    """Walk the rungs in order as far as the known points allow; what is missing is `wanted`. The lowest
+    eval loss wins a rung (the smaller rate on a tie)."""
+    widen = MAX_WIDENINGS if widen is None else widen
+    state = Race()
+    low, high = min(grid) / SPACING**widen, max(grid) * SPACING**widen
+    active = sorted(set(grid))
+    for rung in RACE_RUNGS:
+        while True:
+            state.rungs[rung] = list(active)
+            missing = [(r, rung) for r in active if loss_at(r, rung) is None]
+            if missing:
+                state.wanted = missing
+                return state
+            best = min(active, key=lambda r: (loss_at(r, rung), r))
+            side = open_side(best, rung, active, loss_at)
+            if side is None:
+                break
+            neighbour = best / SPACING if side == "below" else best * SPACING
+            if not low * (1 - 1e-9) <= neighbour <= high * (1 + 1e-9):
+                state.untuned[rung] = (
+                    f"its best rate x{best:g} is the {'lowest' if side == 'below' else 'highest'} tried "
+                    f"after {widen} widening(s) beyond the first grid"
+                )
+                break
+            active = sorted({*active, neighbour})
+        judged = [r for r in (best / SPACING, best * SPACING) if loss_at(r, rung) is not None]
+        state.rungs[rung] = sorted({*active, *judged})  # a neighbour however it was recorded
+        state.best[rung] = best
+        active = carried(best)
+    winner = state.best[RACE_RUNGS[-1]]
+    for budget in (b for b in BUDGETS if b > RACE_RUNGS[-1]):
+        state.best[budget] = winner
+    return state
+
+
+# ---- noise and resolution ------------------------------------------------------------------------------
+
+
+def cluster_bootstrap_se(
+    diffs: Sequence[float], clusters: Sequence[int] | None = None, weights: Sequence[float] | None = None
+) -> float:
+    """The standard error of a weighted mean difference over an eval set whose examples come in clusters
+    (documents, files): clusters resampled with replacement, `BOOTSTRAP_DRAWS` times, a fixed seed.
+    Examples of one document move together, so resampling examples would understate the error.
+    numpy is imported here: the CLI's `--help` reads this module's constants and must load no
+    third-party library."""
+    import numpy as np
+
+    d = np.asarray(diffs, dtype=np.float64)
+    if d.size < 2:
+        return math.inf
+    w = np.ones_like(d) if weights is None else np.asarray(weights, dtype=np.float64)
+    ids = np.arange(d.size) if clusters is None else np.unique(np.asarray(clusters), return_inverse=True)[1]
+    count = int(ids.max()) + 1
+    if count < 2:
+        return math.inf
+    sums, totals = np.bincount(ids, w * d, count), np.bincount(ids, w, count)
+    draws = np.random.default_rng(BOOTSTRAP_SEED).integers(0, count, size=(BOOTSTRAP_DRAWS, count))
+    means = sums[draws].sum(axis=1) / totals[draws].sum(axis=1)
+    return float(means.std(ddof=1))
+
+
+def seed_variance(losses: Sequence[float]) -> float | None:
+    """The run-to-run variance of plain's full-budget eval loss over its seeds (None with one seed)."""
+    return statistics.variance(losses) if len(losses) >= 2 else None
+
+
+def log_slope(frontier: Sequence[tuple[float, float]]) -> float:
+    """How much plain's eval loss falls per e-fold of cost at the full budget (between its last two
+    points): the exchange rate from a loss difference to a speed-up. Not positive: the task no longer
+    improves there, and no speed-up can be read."""
+    (c0, l0), (c1, l1) = sorted(frontier)[-2:]
+    return (l0 - l1) / math.log(c1 / c0)
+
+
+def grid_error(frontier: Sequence[tuple[float, float]]) -> float:
+    """The budget grid's interpolation error, in log cost: the chord from 1/2 to the full budget misses
+    the 3/4 point by this much, and the grid reads between 3/4 and 1, half the spacing (a quarter of the
+    error of a curve's chord)."""
+    points = dict(sorted(frontier))
+    (c2, l2), (c3, l3), (c4, l4) = sorted(frontier)[-3:]
+    if not l2 > l3 > l4 or len(points) < 3:
+        return 0.0
+    chord = c2 + (c4 - c2) * (l2 - l3) / (l2 - l4)
+    return abs(math.log(chord / c3)) / 4
+
+
+@dataclass(frozen=True)
+class Band:
+    """A speed-up's band in log terms and where it comes from (each part a standard error)."""
+
+    slope: float  # loss per e-fold of cost at the full budget
+    seed_se: float | None  # of the mean loss difference from run-to-run noise (None: one plain seed)
+    eval_se: float  # of the mean loss difference from the eval set's clusters
+    grid: float  # log cost
+    price: float = 0.0  # log cost
+
+    @property
+    def known(self) -> bool:
+        return self.seed_se is not None and self.slope > 0
+
+    def half_width(self, with_seeds: bool = True) -> float:
+        """`Z` standard errors of the log speed-up (infinite where the loss no longer falls)."""
+        if self.slope <= 0:
+            return math.inf
+        loss_se = math.hypot(self.seed_se or 0.0, self.eval_se) if with_seeds else self.eval_se
+        return Z * math.sqrt((loss_se / self.slope) ** 2 + self.grid**2 + self.price**2)
+
+    @property
+    def resolution(self) -> float:
+        """The smallest speed-up this band tells from 1.0x (the part it knows, with one plain seed)."""
+        return math.exp(self.half_width(with_seeds=self.seed_se is not None))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "slope": self.slope,
+            "seed_se": self.seed_se,
+            "eval_se": self.eval_se,
+            "grid": self.grid,
+            "price": self.price,
+            "resolution": self.resolution,
+        }
+
+
+def seed_se(variance: float | None, seeds: int) -> float | None:
+    """The run-to-run part of the standard error of a mean loss difference over `seeds` paired seeds:
+    each difference joins two runs, each with the plain runs' variance (conservative: pairing by seed
+    only lowers it)."""
+    return None if variance is None else math.sqrt(2 * variance / seeds)
+
+
+def seeds_for(band: Band, variance: float | None, target: float = TARGET_RESOLUTION) -> int | None:
+    """The fewest seeds that bring `band` to `target` (None: seeds alone cannot, or no variance yet)."""
+    if variance is None or band.slope <= 0:
+        return None
+    room = (math.log(target) / Z) ** 2 - band.grid**2 - band.price**2
+    room = room * band.slope**2 - band.eval_se**2
+    if room <= 0:
+        return None
+    return max(2, math.ceil(2 * variance / room))
+
+
+def eval_factor_for(band: Band, target: float = TARGET_RESOLUTION) -> float | None:
+    """How many times more eval clusters bring `band` to `target` with its seeds (None: more eval data
+    alone cannot)."""
+    if band.slope <= 0:
+        return None
+    room = ((math.log(target) / Z) ** 2 - band.grid**2 - band.price**2) * band.slope**2
+    room -= (band.seed_se or 0.0) ** 2
+    if room <= 0:
+        return None
+    return max(1.0, band.eval_se**2 / room)
+
+
+def price_error(errors: Mapping[str, float], kinds: Sequence[str], plain_kinds: Sequence[str]) -> float:
+    """The log-cost error of a method's price against plain's: the timing errors of its own kinds and of
+    plain's, joined (zero for a method whose steps are all of plain's kinds: the price cancels)."""
+    own = [k for k in kinds if k not in plain_kinds]
+    if not own:
+        return 0.0
+    parts = [errors.get(k, 0.0) for k in [*own, *plain_kinds]]
+    return math.sqrt(sum(e * e for e in parts))
+
+
+# ---- verdicts ------------------------------------------------------------------------------------------
+
+
+def verdict(speedup: float, band: Band, untuned: str | None = None) -> tuple[str, str]:
+    """(word, reason) for a speed-up read at the full budget, against its band."""
+    if untuned:
+        return UNTUNED, f"{untuned}: a win or a loss would say as much about the tuning"
+    if not speedup > 0:
+        return LOSES, "diverged"
+    log = math.log(speedup)
+    if band.slope <= 0:
+        return UNRESOLVED, "plain's eval loss no longer falls at the full budget: no speed-up can be read"
+    if not band.known:
+        partial = band.half_width(with_seeds=False)
+        if abs(log) <= partial:
+            return TIES, f"within the eval and grid noise alone (±{math.exp(partial):.2f}x)"
+        return UNRESOLVED, "the plain seeds' spread is unknown with one seed: run 2 or more seeds"
+    width = band.half_width()
+    text = f"the band {1 / math.exp(width):.2f}x–{math.exp(width):.2f}x"
+    if log > width:
+        return WINS, f"above {text}"
+    if log < -width:
+        return LOSES, f"below {text}"
+    return TIES, f"within {text}"
+
+
+def stops_early(speedup: float, band: Band) -> bool:
+    """At `EARLY_STOP_AT` a method below twice its band (in log terms) is not worth its full runs."""
+    return band.known and speedup > 0 and math.log(speedup) < -2 * band.half_width()
+
+
+def more_seeds_can_change(speedup: float, one_seed: Band, all_seeds: Band) -> bool:
+    """Whether a method's other seeds can change its one-seed verdict: it may win (above the band it would
+    have with every seed) or may lose (between twice the one-seed band and the band with every seed,
+    below 1). Far below, one seed already says `loses`; inside, more seeds would not leave the tie."""
+    if not all_seeds.known:
+        return False
+    log = math.log(speedup) if speedup > 0 else -math.inf
+    return log > all_seeds.half_width() or -2 * one_seed.half_width() <= log < -all_seeds.half_width()
+
+
+def same_trajectory(speedup_at_short: float, resolution: float) -> bool:
+    """A same-trajectory method's short run reads, in units, within the task's resolution of 1.0x."""
+    return 1 / resolution <= speedup_at_short <= resolution
+
+
+def clock_noise(seconds: Sequence[float]) -> float | None:
+    """max/min - 1 of runs that did identical work (plain runs at several rates): what a time ratio
+    cannot resolve."""
+    times = [s for s in seconds if s > 0]
+    return max(times) / min(times) - 1.0 if len(times) >= 2 else None
+
+
+def time_verdict(ratio: float, noise: float | None) -> tuple[str, str]:
+    """A same-trajectory method's verdict: its time ratio against the clock noise."""
+    if noise is None:
+        return UNRESOLVED, "no clock noise measured (fewer than two timed plain runs)"
+    if ratio > 1 + noise:
+        return WINS, f"faster beyond the clock noise (±{noise:.0%})"
+    if ratio < 1 / (1 + noise):
+        return LOSES, f"slower beyond the clock noise (±{noise:.0%})"
+    return TIES, f"within the clock noise (±{noise:.0%})"
+
+
+# ---- costs ---------------------------------------------------------------------------------------------
+
+
+def in_plain_runs(units: float, plain_full_run: float) -> float:
+    """Compute in plain full runs of the task (what a record's parts are costed in)."""
+    return units / plain_full_run if plain_full_run > 0 else math.nan
+
+
+# ---- the rules as the docs print them ------------------------------------------------------------------
+
+
+def rules() -> list[tuple[str, str]]:
+    """(rule, value) for docs/bench.md and every report: generated here, so they follow the constants."""
+    rates = ", ".join(f"x{r:g}" for r in FIRST_RATES)
+    centre = f"plain's full-budget rate (adapters replacing a full fine-tune: x{ADAPTER_RATE_SCALE:g})"
+    band = f"{Z:g} standard errors: seeds, eval clusters ({BOOTSTRAP_DRAWS} bootstrap draws), grid, price"
+    short = f"a run of {SAME_TRAJECTORY_BUDGET:g} of the budget, judged in time if within the resolution"
+    return [
+        ("budgets (fractions of the full budget)", ", ".join(f"{b:g}" for b in BUDGETS)),
+        ("cooldown of each branch", f"{COOLDOWN:g} of its budget, {DECAY} decay"),
+        ("first rates of every race (plain and methods)", f"{rates} of the centre"),
+        ("rungs where rates are raced", ", ".join(f"{b:g}" for b in RACE_RUNGS)),
+        ("carried from one rung to the next", f"the best and the rate below it (/{SPACING:g})"),
+        ("after the last rung", "the winner alone, to the full budget"),
+        ("widening while the best sits at an edge", f"x{SPACING:g} a step, at most {MAX_WIDENINGS} a side"),
+        ("a method's centre", centre),
+        ("reading rule", f"every verdict at {READ_AT:g} of the budget, seeds paired, fixed before looking"),
+        ("band", band),
+        ("early stop", f"at {EARLY_STOP_AT:g} of the budget, below twice the band"),
+        ("same-trajectory methods", short),
+        ("target resolution of a built-in task", f"{TARGET_RESOLUTION:g}x at 3 seeds"),
+    ]
+
+
+def rules_markdown() -> str:
+    lines = ["| rule | value |", "|---|---|"]
+    lines += [f"| {rule} | {value} |" for rule, value in rules()]
+    return "\n".join(lines)
+
+
+DOCS_START, DOCS_END = "<!-- rules:start -->", "<!-- rules:end -->"
+
+
+def write_docs(path: str) -> bool:
+    """Put `rules_markdown()` between the markers of `path` (docs/bench.md); True when it changed."""
+    with open(path, encoding="utf-8") as file:
+        text = file.read()
+    head, _, rest = text.partition(DOCS_START)
+    _, _, tail = rest.partition(DOCS_END)
+    new = f"{head}{DOCS_START}\n{rules_markdown()}\n{DOCS_END}{tail}"
+    if new != text:
+        with open(path, "w", encoding="utf-8") as file:
+            file.write(new)
+    return new != text
+
+
+if __name__ == "__main__":  # python -m hf_hybrid.bench.protocol [docs/bench.md]: regenerate the table
+    import sys
+
+    write_docs(sys.argv[1] if len(sys.argv) > 1 else "docs/bench.md")

@@ -1,0 +1,268 @@
+"""Each rule of the protocol (`hf_hybrid/bench/protocol.py`), tested from its statement on numbers worked
+out by hand: the race, the band and the resolution, the verdict words, the early stop, the other seeds,
+same-trajectory methods, and the rules' table that the docs print."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from pathlib import Path
+
+import pytest
+
+from hf_hybrid.bench import protocol as rules
+from hf_hybrid.bench.protocol import Band
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "bench.md"
+
+
+def table(losses: dict[float, dict[float, float]]):
+    """`losses[budget][rate]`; a point not in the table has not run yet."""
+    return lambda rate, budget: losses.get(budget, {}).get(rate)
+
+
+# x2 is best at both rungs
+BOWL = {0.25: {1.0: 2.8, 2.0: 2.6, 4.0: 2.7}, 0.5: {1.0: 2.4, 2.0: 2.3}}
+
+
+# ---- the race ------------------------------------------------------------------------------------------
+
+
+def test_every_first_rate_runs_to_the_first_rung_before_anything_else():
+    state = rules.race([1.0, 2.0, 4.0], table({}))
+    assert state.wanted == [(1.0, 0.25), (2.0, 0.25), (4.0, 0.25)]
+    assert not state.decided
+
+
+def test_from_one_rung_to_the_next_go_the_best_and_the_rate_below_it():
+    state = rules.race([1.0, 2.0, 4.0], table({0.25: BOWL[0.25]}))
+    assert state.best[0.25] == 2.0
+    assert state.wanted == [(1.0, 0.5), (2.0, 0.5)]  # x4, above the best, is not carried
+
+
+def test_after_the_last_rung_the_winner_alone_goes_on_to_the_full_budget():
+    state = rules.race([1.0, 2.0, 4.0], table(BOWL))
+    assert state.decided and state.wanted == []
+    assert state.best == {0.25: 2.0, 0.5: 2.0, 0.75: 2.0, 1.0: 2.0}
+    assert state.rate == 2.0
+
+
+def test_a_best_rate_at_an_edge_widens_by_the_spacing_on_that_side():
+    falling = {0.25: {1.0: 2.8, 2.0: 2.7, 4.0: 2.6}}
+    assert rules.race([1.0, 2.0, 4.0], table(falling)).wanted == [(8.0, 0.25)]
+    rising = {0.25: {1.0: 2.6, 2.0: 2.7, 4.0: 2.8}}
+    assert rules.race([1.0, 2.0, 4.0], table(rising)).wanted == [(0.5, 0.25)]
+
+
+def test_a_rate_below_the_best_that_was_not_run_at_this_rung_is_run_there():
+    # at 1/2 the lower of the two carried rates wins: the one below it must run at 1/2 to show it interior
+    known = {0.25: BOWL[0.25], 0.5: {1.0: 2.2, 2.0: 2.3}}
+    assert rules.race([1.0, 2.0, 4.0], table(known)).wanted == [(0.5, 0.5)]
+
+
+def test_a_rate_above_the_best_that_lost_at_a_shorter_rung_counts_as_worse():
+    # at 1/2 x2 wins over x1; x4 never ran at 1/2 but lost to x2 at 1/4: x2 is interior there
+    state = rules.race([1.0, 2.0, 4.0], table(BOWL))
+    assert state.rungs[0.5] == [1.0, 2.0] and state.untuned == {}
+
+
+def test_a_best_rate_still_at_the_edge_after_the_widenings_is_untuned():
+    falling = {b: {r: 5.0 - r / 100 for r in (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)} for b in (0.25, 0.5)}
+    state = rules.race([1.0, 2.0, 4.0], table(falling), widen=1)
+    assert state.decided
+    assert state.best[0.25] == 8.0
+    assert "x8 is the highest tried after 1 widening(s)" in state.untuned[0.25]
+
+
+def test_a_tie_goes_to_the_smaller_rate():
+    flat = {0.25: {0.5: 2.3, 1.0: 2.0, 2.0: 2.0, 4.0: 2.1}}
+    state = rules.race([1.0, 2.0, 4.0], table(flat))
+    assert state.best[0.25] == 1.0
+
+
+def test_a_tie_with_the_rate_above_closes_that_side_and_the_race_ends():
+    """The smaller of two equal rates wins: the equal one above it shows the side closed (it once
+    widened to a rate it already had, for ever)."""
+    flat = {b: {0.5: 2.45, 1.0: 2.05, 2.0: 2.05} for b in (0.25, 0.5)}
+    state = rules.race([0.5, 1.0, 2.0], table(flat))
+    assert state.decided and state.best[0.25] == 1.0 and not state.wanted
+
+
+def test_the_first_grid_is_the_first_rates_times_the_centre():
+    assert rules.first_grid(10.0) == [10.0 * r for r in rules.FIRST_RATES]
+    assert rules.first_grid(1.0, (1.0, 2.0)) == [1.0, 2.0]
+
+
+# ---- noise ---------------------------------------------------------------------------------------------
+
+
+def test_the_bootstrap_of_independent_examples_is_the_standard_error_of_the_mean():
+    draw = random.Random(0)
+    diffs = [draw.gauss(0.0, 1.0) for _ in range(400)]
+    analytic = statistics.stdev(diffs) / math.sqrt(len(diffs))
+    assert rules.cluster_bootstrap_se(diffs) == pytest.approx(analytic, rel=0.1)
+
+
+def test_examples_that_move_together_in_a_document_give_a_larger_error():
+    draw = random.Random(1)
+    documents = [draw.gauss(0.0, 1.0) for _ in range(40)]
+    diffs = [documents[i // 10] + draw.gauss(0.0, 0.1) for i in range(400)]
+    clusters = [i // 10 for i in range(400)]
+    by_document = rules.cluster_bootstrap_se(diffs, clusters)
+    by_example = rules.cluster_bootstrap_se(diffs)
+    assert by_document > 2.5 * by_example  # ~sqrt(10): ten examples carry one document's information
+    assert by_document == pytest.approx(statistics.stdev(documents) / math.sqrt(40), rel=0.15)
+
+
+def test_the_bootstrap_weights_examples_by_their_tokens():
+    # one heavy example carries the mean: its cluster's resampling is most of the error
+    light = rules.cluster_bootstrap_se([0.0, 1.0, 0.0, 1.0], weights=[1, 1, 1, 1])
+    heavy = rules.cluster_bootstrap_se([0.0, 1.0, 0.0, 1.0], weights=[1, 100, 1, 1])
+    assert heavy != pytest.approx(light)
+
+
+def test_the_seed_part_joins_two_runs_each_with_plain_s_variance():
+    assert rules.seed_se(0.0004, 1) == pytest.approx(math.sqrt(2 * 0.0004))
+    assert rules.seed_se(0.0004, 4) == pytest.approx(math.sqrt(2 * 0.0004 / 4))
+    assert rules.seed_se(None, 3) is None
+
+
+def test_the_slope_is_the_loss_fallen_per_e_fold_of_cost_between_the_last_two_points():
+    frontier = [(10.0, 3.0), (20.0, 2.5), (30.0, 2.2), (40.0, 2.0)]
+    assert rules.log_slope(frontier) == pytest.approx(0.2 / math.log(40 / 30))
+    assert rules.log_slope([(30.0, 2.0), (40.0, 2.1)]) < 0  # overfits: no exchange rate
+
+
+def test_the_grid_error_is_a_quarter_of_the_chord_s_miss_at_three_quarters():
+    frontier = [(10.0, 3.0), (20.0, 2.5), (30.0, 2.2), (40.0, 2.0)]
+    chord = 20 + 20 * (2.5 - 2.2) / (2.5 - 2.0)  # cost at which the 1/2-1 chord reaches 2.2
+    assert rules.grid_error(frontier) == pytest.approx(abs(math.log(chord / 30)) / 4)
+    assert rules.grid_error([(10.0, 3.0), (20.0, 2.0), (30.0, 1.0), (40.0, 0.0)]) == pytest.approx(0.0)
+
+
+def test_the_band_is_z_standard_errors_of_the_log_speed_up():
+    band = Band(slope=0.5, seed_se=0.03, eval_se=0.04, grid=0.01, price=0.02)
+    loss_se = math.hypot(0.03, 0.04)  # 0.05
+    expected = rules.Z * math.sqrt((loss_se / 0.5) ** 2 + 0.01**2 + 0.02**2)
+    assert band.half_width() == pytest.approx(expected)
+    assert band.resolution == pytest.approx(math.exp(expected))
+
+
+def test_with_one_seed_the_band_knows_only_its_eval_grid_and_price_parts():
+    band = Band(slope=0.5, seed_se=None, eval_se=0.04, grid=0.0)
+    assert not band.known
+    assert band.resolution == pytest.approx(math.exp(rules.Z * 0.04 / 0.5))
+
+
+def test_a_task_whose_loss_no_longer_falls_has_no_resolution():
+    band = Band(slope=-0.1, seed_se=0.01, eval_se=0.01, grid=0.0)
+    assert band.half_width() == math.inf and not band.known
+
+
+def test_seeds_and_eval_clusters_needed_for_the_target_resolution():
+    band = Band(slope=0.5, seed_se=rules.seed_se(0.001, 3), eval_se=0.02, grid=0.0)
+    seeds = rules.seeds_for(band, 0.001)
+    at = Band(slope=0.5, seed_se=rules.seed_se(0.001, seeds), eval_se=0.02, grid=0.0)
+    fewer = Band(slope=0.5, seed_se=rules.seed_se(0.001, seeds - 1), eval_se=0.02, grid=0.0)
+    assert at.resolution <= rules.TARGET_RESOLUTION < fewer.resolution
+    noisy = Band(slope=0.5, seed_se=band.seed_se, eval_se=0.04, grid=0.0)  # over the target at 3 seeds
+    factor = rules.eval_factor_for(noisy)
+    assert factor > 1 and rules.seeds_for(noisy, 0.001) is None  # seeds alone cannot get there
+    more = Band(slope=0.5, seed_se=band.seed_se, eval_se=0.04 / math.sqrt(factor), grid=0.0)
+    assert more.resolution == pytest.approx(rules.TARGET_RESOLUTION)
+    stuck = Band(slope=0.5, seed_se=0.001, eval_se=0.2, grid=0.0)  # the eval part alone is too wide
+    assert rules.seeds_for(stuck, 0.001) is None
+
+
+def test_the_price_error_joins_a_method_s_own_kinds_with_plain_s():
+    errors = {"step": 0.03, "freeze:2:step": 0.04, "forward": 0.05, "token": 0.02}
+    assert rules.price_error(errors, ["step"], ["step"]) == 0.0  # plain's own steps: the price cancels
+    assert rules.price_error(errors, ["token"], ["token"]) == 0.0
+    assert rules.price_error(errors, ["freeze:2:step"], ["step"]) == pytest.approx(0.05)
+    assert rules.price_error(errors, ["step", "forward"], ["step"]) == pytest.approx(math.hypot(0.05, 0.03))
+
+
+# ---- verdicts ------------------------------------------------------------------------------------------
+
+BAND = Band(slope=0.5, seed_se=0.02, eval_se=0.0, grid=0.0)  # half width 0.08 in log: 0.92x-1.08x
+
+
+@pytest.mark.parametrize(
+    ("speedup", "word"),
+    [(1.2, rules.WINS), (1.05, rules.TIES), (0.95, rules.TIES), (0.8, rules.LOSES), (0.0, rules.LOSES)],
+)
+def test_a_verdict_wins_or_loses_only_outside_its_band(speedup, word):
+    assert rules.verdict(speedup, BAND)[0] == word
+
+
+def test_the_band_decides_not_the_reading_alone():
+    wide = Band(slope=0.5, seed_se=0.06, eval_se=0.0, grid=0.0)  # half width 0.24: 0.79x-1.27x
+    assert rules.verdict(1.2, BAND)[0] == rules.WINS
+    assert rules.verdict(1.2, wide)[0] == rules.TIES
+
+
+def test_one_seed_outside_the_known_part_of_the_band_is_unresolved_not_a_tie():
+    one = Band(slope=0.5, seed_se=None, eval_se=0.01, grid=0.0)  # known part: 0.96x-1.04x
+    assert rules.verdict(0.91, one)[0] == rules.UNRESOLVED
+    assert rules.verdict(1.3, one)[0] == rules.UNRESOLVED
+    assert rules.verdict(1.01, one)[0] == rules.TIES
+
+
+def test_an_untuned_race_is_never_a_win_or_a_loss():
+    assert rules.verdict(3.0, BAND, untuned="its race is untuned")[0] == rules.UNTUNED
+    assert rules.verdict(0.2, BAND, untuned="plain is untuned")[0] == rules.UNTUNED
+
+
+def test_the_early_stop_needs_twice_the_band_not_one():
+    width = BAND.half_width()
+    assert not rules.stops_early(math.exp(-1.5 * width), BAND)  # below one band, above two
+    assert rules.stops_early(math.exp(-2.5 * width), BAND)
+    unknown = Band(slope=0.5, seed_se=None, eval_se=0.01, grid=0.0)
+    assert not rules.stops_early(0.1, unknown)  # without the seeds' part nothing stops early
+
+
+def test_other_seeds_run_where_they_can_change_the_verdict():
+    one = Band(slope=0.5, seed_se=0.04, eval_se=0.0, grid=0.0)  # one seed: half width 0.16
+    every = Band(slope=0.5, seed_se=0.02, eval_se=0.0, grid=0.0)  # three seeds: half width 0.08
+    assert rules.more_seeds_can_change(math.exp(0.1), one, every)  # may win
+    assert rules.more_seeds_can_change(math.exp(-0.2), one, every)  # may lose
+    assert not rules.more_seeds_can_change(math.exp(0.05), one, every)  # a tie either way
+    assert not rules.more_seeds_can_change(math.exp(-0.4), one, every)  # one seed already loses
+
+
+def test_a_same_trajectory_method_must_stay_within_the_resolution():
+    assert rules.same_trajectory(1.05, 1.1) and rules.same_trajectory(1 / 1.05, 1.1)
+    assert not rules.same_trajectory(1.2, 1.1)
+
+
+def test_time_verdicts_against_the_clock_noise():
+    assert rules.time_verdict(1.2, 0.1)[0] == rules.WINS
+    assert rules.time_verdict(0.85, 0.1)[0] == rules.LOSES
+    assert rules.time_verdict(1.05, 0.1)[0] == rules.TIES
+    assert rules.time_verdict(2.0, None)[0] == rules.UNRESOLVED
+
+
+def test_the_clock_noise_is_the_spread_of_identical_work():
+    assert rules.clock_noise([10.0, 11.0, 12.0]) == pytest.approx(0.2)
+    assert rules.clock_noise([10.0]) is None
+
+
+# ---- the rules the docs print --------------------------------------------------------------------------
+
+
+def test_the_docs_print_the_rules_of_the_code():
+    text = DOCS.read_text()
+    assert rules.rules_markdown() in text, (
+        "docs/bench.md's table of rules: run `python -m hf_hybrid.bench.protocol`"
+    )
+
+
+def test_a_changed_constant_changes_the_rules_the_docs_and_the_race(monkeypatch):
+    monkeypatch.setattr(rules, "SPACING", 3.0)
+    assert "x3 a step" in rules.rules_markdown() and rules.rules_markdown() not in DOCS.read_text()
+    falling = {0.25: {1.0: 2.8, 3.0: 2.7, 9.0: 2.6}}
+    assert rules.race([1.0, 3.0, 9.0], table(falling)).wanted == [(27.0, 0.25)]
+    monkeypatch.setattr(rules, "FIRST_RATES", (0.25, 1.0, 4.0))
+    assert rules.Protocol().lr_multipliers == (0.25, 1.0, 4.0)
+    assert rules.first_grid(1.0) == [0.25, 1.0, 4.0]
