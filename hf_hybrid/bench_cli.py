@@ -261,7 +261,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     from .bench.precheck import check_light
 
     check_light(args)  # before anything heavy is imported or read: a misspelt method is refused at once
-    from .bench import SUITES, parse_methods, quiet_libraries
+    from .bench.arena import parse_methods
+    from .bench.run import SUITES
+    from .bench.runner import quiet_libraries
 
     if args.list_methods:
         print(_methods_text())
@@ -303,13 +305,12 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _arena(args: argparse.Namespace, task: Any, methods: list[str], fields: dict[str, Any], out: str) -> None:
-    from .bench import run_arena
-    from .bench.protocol import Protocol
+    from .bench.run import run_arena
 
     run_arena(
         task,
         methods,
-        Protocol(**fields),
+        rules.Protocol(**fields),
         out,
         workers=args.workers,
         ray=args.ray,
@@ -319,8 +320,8 @@ def _arena(args: argparse.Namespace, task: Any, methods: list[str], fields: dict
 
 
 def _methods(args: argparse.Namespace) -> list[str]:
-    from .bench import DEFAULT_METHODS
     from .bench.overrides import parse_hybrid_overrides
+    from .bench.run import DEFAULT_METHODS
 
     methods = list(args.methods or DEFAULT_METHODS)
     if args.hybrid:
@@ -382,9 +383,9 @@ def _own_task(args: argparse.Namespace) -> Any:
 
 
 def task_from_factory(args: argparse.Namespace) -> Any:
-    from .bench import BenchTask
     from .bench.methods.specs import import_object
     from .bench.recipe import factory_recipe
+    from .bench.task import BenchTask
 
     factory = import_object(args.task_factory)
     task = factory() if callable(factory) else None
@@ -408,9 +409,9 @@ def task_from_factory(args: argparse.Namespace) -> Any:
 
 
 def _overhead(args: argparse.Namespace) -> int:
-    from .bench import SUITES
     from .bench.measure.overhead import run_overhead
     from .bench.overrides import parse_hybrid_overrides
+    from .bench.run import SUITES
 
     suite = SUITES[args.suite or "quick"]
     out = args.out or f"bench_results/overhead-{args.suite or 'quick'}"
@@ -426,8 +427,8 @@ def _overhead(args: argparse.Namespace) -> int:
 
 
 def _faults(args: argparse.Namespace, own: bool) -> int:
-    from .bench import SUITES
     from .bench.measure.faults import FAULTS, GUARDED, run_faults
+    from .bench.run import SUITES
     from .bench.tasks import preset
 
     arms = _methods(args) if args.methods else ["plain", GUARDED]

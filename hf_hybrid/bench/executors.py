@@ -26,8 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import torch
+
 from ..data import DataError
 from .execute import Measured, run_spec
+from .recipe import build_task
+from .runner import quiet_libraries
 from .spec import RunSpec
 from .task import BenchTask
 
@@ -96,10 +100,6 @@ def _child(spec: dict[str, Any], recipe: dict[str, Any], result: str, env: dict[
     cores = env.get("HF_HYBRID_CORES")
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
-    import torch
-
-    from .recipe import build_task
-    from .runner import quiet_libraries
 
     quiet_libraries()
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
@@ -210,10 +210,6 @@ class LocalPool:
 
 def _ray_run(spec: dict[str, Any], recipe: dict[str, Any]) -> dict[str, Any]:
     """One run as a Ray task, in a fresh worker process (`max_calls=1`)."""
-    import torch
-
-    from .recipe import build_task
-    from .runner import quiet_libraries
 
     quiet_libraries()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -297,7 +293,6 @@ def make_executor(
     task: BenchTask, workers: int | None, ray_address: str | None, use_ray: bool = False
 ) -> InProcess | LocalPool | RayExecutor:
     """The executor the flags ask for (`--workers N`, `--ray [ADDRESS]`)."""
-    import torch
 
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if use_ray:

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
 
+from ..hybrid_arguments import HybridArgumentsMixin
+
 NONE_WORDS = ("none", "null")
 TRUE_WORDS = ("true", "1", "yes")
 FALSE_WORDS = ("false", "0", "no")
@@ -21,7 +23,6 @@ FALSE_WORDS = ("false", "0", "no")
 
 def parse_hybrid_overrides(items: Sequence[str]) -> dict[str, Any]:
     """`["hybrid_x=1", ...]` -> `{"hybrid_x": 1, ...}`; a ValueError names the field, value and type."""
-    from ..hybrid_arguments import HybridArgumentsMixin
 
     hints = typing.get_type_hints(HybridArgumentsMixin)
     names = sorted(f.name for f in fields(HybridArgumentsMixin))

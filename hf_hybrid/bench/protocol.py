@@ -44,7 +44,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-
 # ---- the rules' constants ------------------------------------------------------------------------------
 
 BUDGETS = (0.25, 0.5, 0.75, 1.0)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from transformers import TrainerCallback
+
 from .budget import Budgets
 from .rows import RunRow
 from .spec import RANGE_TEST, RunSpec, schedule_json
@@ -70,7 +72,6 @@ class RangeRamp:
         self.steps = steps
 
     def callback(self) -> Any:
-        from transformers import TrainerCallback
 
         steps = self.steps
 

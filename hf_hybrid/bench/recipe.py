@@ -10,7 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..data import DataError
+from .methods.specs import import_object
 from .task import BenchTask
+from .tasks import preset
+from .user_task import UserTaskOptions, build_user_task
 
 OVERRIDABLE = ("max_steps", "batch_size", "eval_batch_size", "learning_rate")
 
@@ -26,16 +29,10 @@ def factory_recipe(spec: str, overrides: dict[str, Any] | None = None) -> dict[s
 def build_task(recipe: dict[str, Any]) -> BenchTask:
     """The task a recipe describes (the same identity as the coordinator's)."""
     if "preset" in recipe:
-        from .tasks import preset
-
         task = preset(recipe["preset"], recipe["size"])
     elif "user" in recipe:
-        from .user_task import UserTaskOptions, build_user_task
-
         task = build_user_task(UserTaskOptions(**recipe["user"]))
     elif "factory" in recipe:
-        from .methods.specs import import_object
-
         task = import_object(recipe["factory"])()
     else:
         raise DataError(f"a task recipe names a preset, a user task or a factory, got {sorted(recipe)}")

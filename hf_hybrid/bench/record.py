@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
 
 from ..data import DataError
 from .rows import Rows, RunRow
@@ -121,7 +122,6 @@ def _json_default(value: Any) -> Any:
 def machine() -> str:
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
     cpu = platform.processor() or platform.machine()
-    import transformers
 
     return (
         f"{cpu} ({os.cpu_count()} cores), {device}, torch {torch.__version__}, transformers "

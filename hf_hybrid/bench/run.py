@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -11,7 +12,7 @@ from .arena import Arena, parse_methods
 from .executors import make_executor
 from .protocol import FIRST_RATES, MAX_WIDENINGS, Protocol
 from .record import Record
-from .report import write_report
+from .report import verdict_table, write_report
 from .task import BenchTask
 
 SUITES: dict[str, dict] = {
@@ -79,7 +80,6 @@ def run_arena(
 
 def _write_labels(task: BenchTask, out: str | os.PathLike) -> None:
     """A classification task's label names, beside the record (once every input has been accepted)."""
-    import json
 
     names = task.info.get("labels")
     if names:
@@ -89,6 +89,5 @@ def _write_labels(task: BenchTask, out: str | os.PathLike) -> None:
 
 
 def _summary_lines(data: dict) -> list[str]:
-    from .report import verdict_table
 
     return ["", f"{data['task'].get('name')}:", *verdict_table(data)]

@@ -11,6 +11,7 @@ them with its calibration.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import tempfile
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.utils import logging as hf_logging
 
 from .methods import Method, TrialContext, parse_method
 from .task import BenchTask
@@ -184,7 +186,6 @@ class StepTimer(TrainerCallback):
 
 def quiet_libraries() -> None:
     """One torch thread (the arena's clock assumes it) and no library chatter between its own lines."""
-    from transformers.utils import logging as hf_logging
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     # torch.compile's workers are other processes, whose CPU time a run's clock would not see
@@ -304,6 +305,5 @@ def run(
 
 
 def _text(value: Any) -> str:
-    import json
 
     return json.dumps(value) if isinstance(value, (dict, list)) else str(value)

@@ -23,10 +23,14 @@ from functools import lru_cache
 from typing import Any
 
 import torch
+from peft import LoraConfig, TaskType, get_peft_model
 from torch import nn
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, GPT2Config, GPT2LMHeadModel
+from transformers.utils import logging as hf_logging
 
 from ..data import stdlib_lm_chunks, stdlib_package_chunks
 from ..tiny_models import tiny_gpt2
+from .decoder import TINY_RECIPE, Recipe, docs_blocks, pretrained_decoder
 from .instruct import INSTRUCT_PRESET, INSTRUCT_SIZES
 from .task import BenchTask
 
@@ -105,7 +109,6 @@ def _tiny_gpt2(size: TaskSize, seed: int) -> nn.Module:
 
 
 def _gpt2_124m(size: TaskSize, seed: int) -> nn.Module:
-    from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
     return GPT2LMHeadModel(GPT2Config(n_positions=1024, bos_token_id=0, eos_token_id=0))
@@ -128,7 +131,6 @@ NUM_PACKAGES = 8
 @lru_cache(maxsize=4)
 def classification_data(size: TaskSize) -> tuple[Any, Any, list[int]]:
     """The stdlib-package snippets through MiniLM's tokenizer, padded to `seq_len` (equal-cost batches)."""
-    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(minilm_path())
     train, evaluation, clusters = stdlib_package_chunks(
@@ -147,8 +149,6 @@ def classification_data(size: TaskSize) -> tuple[Any, Any, list[int]]:
 
 def minilm_classifier(seed: int, num_labels: int = NUM_PACKAGES) -> nn.Module:
     """The pretrained MiniLM with a new classification head drawn from `seed`."""
-    from transformers import AutoModelForSequenceClassification
-    from transformers.utils import logging as hf_logging
 
     torch.manual_seed(seed)
     verbosity = hf_logging.get_verbosity()
@@ -160,7 +160,6 @@ def minilm_classifier(seed: int, num_labels: int = NUM_PACKAGES) -> nn.Module:
 
 
 def minilm_lora(seed: int) -> nn.Module:
-    from peft import LoraConfig, TaskType, get_peft_model
 
     model = minilm_classifier(seed)
     config = LoraConfig(task_type=TaskType.SEQ_CLS, r=8, lora_alpha=16, target_modules=["query", "value"])
@@ -169,19 +168,16 @@ def minilm_lora(seed: int) -> nn.Module:
 
 
 def _decoder_recipe(size: TaskSize) -> Any:
-    from .decoder import TINY_RECIPE, Recipe
 
     return TINY_RECIPE if size.seq_len == TINY_RECIPE.seq_len else Recipe()
 
 
 def decoder_data(size: TaskSize) -> tuple[Any, Any, list[int]]:
-    from .decoder import docs_blocks
 
     return docs_blocks(size.seq_len, size.train_examples, size.eval_examples)
 
 
 def _decoder(size: TaskSize, seed: int, lora: bool) -> nn.Module:
-    from .decoder import pretrained_decoder
 
     return pretrained_decoder(_decoder_recipe(size), seed, lora)
 

@@ -16,6 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import torch
+from transformers import TrainingArguments
+
 if TYPE_CHECKING:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -74,8 +77,6 @@ class TrialContext:
     def training_arguments(self, cls: type | None = None, **overrides: Any) -> TrainingArguments:
         """The arguments every run shares (the task's, at this run's rate, seed and budget), plus
         `overrides`."""
-        import torch
-        from transformers import TrainingArguments
 
         every = max(1, self.steps // max(1, self.eval_points))
         common: dict[str, Any] = {

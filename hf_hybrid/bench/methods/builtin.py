@@ -7,6 +7,12 @@ import dataclasses
 import typing
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from transformers import Trainer, TrainingArguments
+
+from ...args import HybridTrainingArguments
+from ...engine.phases import Phase
+from ...trainer import HybridHFTrainer
+from ..overrides import convert, parse_hybrid_overrides
 from .base import BLIND, BRANCHED, CONSTANT, FORWARD, STEP, Method, MethodError, TrialContext
 
 if TYPE_CHECKING:
@@ -36,7 +42,6 @@ class Plain(Method):
     summary: ClassVar[str] = "transformers.Trainer as it is (the baseline every method is judged against)"
 
     def build(self, ctx: TrialContext) -> Trainer:
-        from transformers import Trainer
 
         model, train, evaluation = ctx.task.build(ctx.seed)
         return Trainer(args=ctx.training_arguments(), **ctx.trainer_kwargs(model, train, evaluation))
@@ -52,7 +57,6 @@ class TrainingArgumentsOverride(Method):
     )
 
     def __post_init__(self) -> None:
-        from transformers import TrainingArguments
 
         hints = typing.get_type_hints(TrainingArguments)
         names = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
@@ -82,7 +86,6 @@ class TrainingArgumentsOverride(Method):
         )
 
     def build(self, ctx: TrialContext) -> Trainer:
-        from transformers import Trainer
 
         model, train, evaluation = ctx.task.build(ctx.seed)
         args = ctx.training_arguments(**self.overrides)
@@ -101,7 +104,6 @@ class Hybrid(Method):
     preset: ClassVar[dict[str, str]] = {}
 
     def __post_init__(self) -> None:
-        from ..overrides import parse_hybrid_overrides
 
         items = {**self.preset, **{_hybrid_field(k): v for k, v in self.options.items()}}
         try:
@@ -112,13 +114,10 @@ class Hybrid(Method):
 
     def _check_arguments(self) -> None:
         """Build the arguments once, so a bad value is refused before any training."""
-        from ...args import HybridTrainingArguments
 
         HybridTrainingArguments(output_dir="unused", **self.overrides)
 
     def build(self, ctx: TrialContext) -> Trainer:
-        from ...args import HybridTrainingArguments
-        from ...trainer import HybridHFTrainer
 
         model, train, evaluation = ctx.task.build(ctx.seed)
         args = ctx.training_arguments(HybridTrainingArguments, **self.settings(ctx.task.max_steps))
@@ -135,7 +134,6 @@ class Hybrid(Method):
         return dict(self.overrides)
 
     def provably_plain(self, max_steps: int, steps: int | None = None) -> str | None:
-        from ...args import HybridTrainingArguments
 
         steps = max_steps if steps is None else steps
         settings = self.settings(max_steps)
@@ -230,7 +228,6 @@ class NullHybrid(Hybrid):
     replays_parent: ClassVar[bool] = True
 
     def _extra(self, args: Any, ctx: TrialContext) -> dict[str, Any]:
-        from ...engine.phases import Phase
 
         if ctx.replay is None:
             raise MethodError(f"method {self.spec!r} replays a hybrid run's phases; none was given")
@@ -247,7 +244,6 @@ def _hybrid_field(key: str) -> str:
 
 
 def _typed(spec: str, key: str, hint: Any, text: str) -> Any:
-    from ..overrides import convert
 
     try:
         return convert(key, hint, text)

@@ -15,6 +15,7 @@ import types
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+from transformers import Trainer, TrainerCallback
 
 from .base import STEP, Method, MethodError, TrialContext
 from .blocks import BlocksNotFound, find_blocks
@@ -40,7 +41,6 @@ class DropBP(Method):
         _blocks(model, self.spec)
 
     def build(self, ctx: TrialContext) -> Trainer:
-        from transformers import Trainer
 
         model, train, evaluation = ctx.task.build(ctx.seed)
         dropper = BlockDropper(_blocks(model, self.spec), self.p, ctx.seed)
@@ -91,7 +91,6 @@ class BlockDropper:
         self.skipped = int(state["skipped"])
 
     def callback(self) -> Any:
-        from transformers import TrainerCallback
 
         dropper = self
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from transformers import Trainer
+
 from .base import STEP, Method, MethodError, TrialContext
 from .blocks import BlocksNotFound, find_blocks, input_side, trainable
 
@@ -30,7 +32,6 @@ class Freeze(Method):
         self.k = self.option("k", int, 0, lambda v: v >= 0, ">= 0")
 
     def build(self, ctx: TrialContext) -> Trainer:
-        from transformers import Trainer
 
         model, train, evaluation = ctx.task.build(ctx.seed)
         freeze_bottom(model, self.k)

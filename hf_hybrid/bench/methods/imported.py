@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from transformers import Trainer, TrainerCallback
+
 from .base import SEPARATE_RUNS, STEP, Method, MethodError, TrialContext
 from .specs import import_object, parse_options
 
@@ -37,7 +39,6 @@ class ImportedMethod(Method):
     budget_schedule = SEPARATE_RUNS
 
     def __post_init__(self) -> None:
-        from transformers import Trainer, TrainerCallback
 
         target: Any = import_object(self.spec)
         if isinstance(target, type) and issubclass(target, Trainer):

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import torch
+from peft import LoraConfig, TaskType, get_peft_model
+from transformers import Trainer
+
 from ..protocol import ADAPTER_RATE_SCALE
 from .base import STEP, Method, MethodError, TrialContext
 
@@ -44,9 +48,6 @@ class PeftAdapters(Method):
             raise MethodError(f"method {self.spec!r}: the task's model already trains adapters")
 
     def build(self, ctx: TrialContext) -> Trainer:
-        import torch
-        from peft import LoraConfig, TaskType, get_peft_model
-        from transformers import Trainer
 
         model, train, evaluation = ctx.task.build(ctx.seed)
         task_type = TaskType.CAUSAL_LM if ctx.task.task_type == "causal_lm" else TaskType.SEQ_CLS

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
+from transformers import Trainer
 
 from .base import SEPARATE_RUNS, STEP, Method, TrialContext
 
@@ -95,7 +96,6 @@ class SelectiveBackprop(Method):
 
 
 def selective_trainer_class() -> type:
-    from transformers import Trainer
 
     class SelectiveBackpropTrainer(Trainer):
         def __init__(self, *args: Any, selection: SelectiveBackprop, **kwargs: Any) -> None:
