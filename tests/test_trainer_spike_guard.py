@@ -494,3 +494,13 @@ def test_a_40_step_fine_tune_with_a_hand_made_lr_burst_is_not_worse_guarded(tmp_
     assert guarded.hybrid_stats()["spike_guard"] and burst - clean > 0.05
     assert damage <= burst - clean and damage < 0.25 * (burst - clean), (damage, burst - clean)
     assert guarded.hybrid_stats()["taken_back_steps"] == [21, 22, 23, 24]
+
+
+def test_a_default_run_says_at_its_start_where_the_guard_s_copies_live(tmp_path, capsys):
+    """No hybrid_* argument given: the guard is on (`auto`) and its start line is on the console at the
+    default verbosity, as a user sees it."""
+    trainer = hybrid_trainer(tmp_path, max_steps=2)
+    assert trainer.args.hybrid_spike_guard == "auto"
+    trainer.train()
+    started = [line for line in capsys.readouterr().out.splitlines() if "spike guard on" in line]
+    assert len(started) == 1 and "host memory" in started[0], started
