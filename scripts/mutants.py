@@ -135,13 +135,39 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "g",
-        "the verdict ignores the plain runs' seed band",
-        "hf_hybrid/bench/verdicts.py",
+        "the verdict ignores the band: any reading above 1.0x wins",
+        "hf_hybrid/bench/protocol.py",
+        (("    if log > width:\n", "    if log > 0:\n"), ("    if log < -width:\n", "    if log < 0:\n")),
         (
-            ("if all(v > 1.0 + band and v > 1.0 for v in values):", "if all(v > 1.0 for v in values):"),
-            ("if all(v < 1.0 - band for v in values):", "if all(v < 1.0 for v in values):"),
+            "tests/bench/test_protocol.py",
+            "tests/bench/test_plan.py::test_a_method_as_good_as_plain_with_its_own_noise_reads_a_tie",
         ),
-        ("tests/test_frontier_arithmetic.py", "tests/bench/test_verdicts.py"),
+    ),
+    Mutant(
+        "j",
+        "a method stops early at one band below 1.0x, not two",
+        "hf_hybrid/bench/protocol.py",
+        (("math.log(speedup) < -2 * band.half_width()", "math.log(speedup) < -band.half_width()"),),
+        ("tests/bench/test_protocol.py",),
+    ),
+    Mutant(
+        "k",
+        "every seed's method run is read against the first seed's plain run, not its own (unpaired)",
+        "hf_hybrid/bench/reading.py",
+        (
+            (
+                "    pairs = [(rows[s], evidence.plain_full[s]) for s in seeds]",
+                "    pairs = [(rows[s], evidence.plain_full[first]) for s in seeds]",
+            ),
+        ),
+        ("tests/bench/test_plan.py::test_every_verdict_reads_the_full_budget_paired_with_plain_s_seeds",),
+    ),
+    Mutant(
+        "l",
+        "eval noise resampled by example, not by cluster (the band too narrow)",
+        "hf_hybrid/bench/protocol.py",
+        (("else np.unique(np.asarray(clusters), return_inverse=True)[1]", "else np.arange(d.size)"),),
+        ("tests/bench/test_protocol.py",),
     ),
     Mutant(
         "h",
