@@ -45,12 +45,19 @@ def test_a_changed_recipe_or_corpus_gets_another_folder():
     assert decoder.recipe_hash(TINY_RECIPE, [blocks[0][::-1], *blocks[1:]]) != base
 
 
-def test_the_fine_tune_text_is_kept_out_of_pretraining_and_split_by_topic():
+def test_the_fine_tune_text_is_kept_out_of_pretraining_and_held_out_in_contiguous_chunks():
+    """Every topic gives to both sets: one chunk of 4 blocks in 4 is held out, and the eval blocks' clusters
+    are those chunks, each a contiguous stretch of one topic's text (what the judge's bootstrap resamples)."""
     from pydoc_data.topics import topics
 
     pretrained = {bytes(b) for b in pretraining_blocks(decoder.Recipe(seq_len=64, train_blocks=20000))}
-    train, evaluation = decoder.docs_blocks(64, 200, 40)
-    docs = {bytes(b) for b in train["input_ids"]} | {bytes(b) for b in evaluation["input_ids"]}
-    assert not docs & pretrained
-    held_out = [name for name in topics if decoder.is_eval_topic(name)]
-    assert 0 < len(held_out) < len(topics) / 3
+    train, evaluation, clusters = decoder.docs_blocks(64, 200, 40)
+    trained = {bytes(b) for b in train["input_ids"]}
+    held_out = [bytes(b) for b in evaluation["input_ids"]]
+    assert not (trained | set(held_out)) & pretrained
+    assert not trained & set(held_out)
+    assert len(clusters) == len(held_out) == 40 and len(set(clusters)) >= 10  # chunks of at most 4
+    texts = [topics[name].encode("utf-8") + b"\n\n" for name in sorted(topics)]
+    for cluster in set(clusters):
+        chunk = b"".join(b for b, c in zip(held_out, clusters, strict=True) if c == cluster)
+        assert len(chunk) <= 4 * 64 and any(chunk in text for text in texts)

@@ -17,7 +17,6 @@ import math
 import pytest
 
 from hf_hybrid.bench.frontier import Speedup, cost_to_reach, envelope, speedup
-from hf_hybrid.bench.verdicts import judge
 
 FRONTIER = [(100.0, 4.0), (250.0, 3.0), (300.0, 2.5), (600.0, 2.0)]
 # The same frontier as a record could hold it: unsorted, a diverged run, and a point that is worse than a
@@ -88,42 +87,3 @@ def test_a_diverged_run_has_no_speedup_and_a_cost_must_be_positive():
     assert speedup(RAW, math.inf, 100.0).kind == "diverged"
     with pytest.raises(ValueError, match="`cost` must be > 0"):
         speedup(RAW, 3.0, 0.0)
-
-
-def _seeds(*values: float) -> list[dict[str, float]]:
-    return [{"speedup_units": v} for v in values]
-
-
-@pytest.mark.parametrize(
-    ("values", "band", "verdict"),
-    [
-        ((1.10, 1.08, 1.06), 0.05, "wins"),  # every seed above 1.05
-        ((1.10, 1.04), 0.05, "ties"),  # 1.04 is above 1.0 but inside the band
-        ((1.10, 1.15), 0.20, "ties"),  # the same kind of reading, but the plain runs vary by 20%
-        ((1.25, 1.50), 0.25, "ties"),  # on the edge (1.25 = 1 + band) is not above it
-        ((1.30, 1.50), 0.25, "wins"),
-        ((0.90, 0.94), 0.05, "loses"),  # every seed below 0.95
-        ((0.96, 0.90), 0.05, "ties"),  # 0.96 is below 1.0 but inside the band
-        ((0.85, 0.70), 0.20, "ties"),  # 0.85 is inside a 20% band
-        ((0.75, 0.70), 0.25, "ties"),  # on the edge (0.75 = 1 - band) is not below it
-        ((1.10, 0.90), 0.05, "ties"),  # one seed each way
-        ((1.0, 1.0), 0.0, "ties"),  # no noise at all: exactly 1.0 is neither
-        ((1.01, 1.02), 0.0, "wins"),
-    ],
-)
-def test_the_verdict_reads_every_seed_against_the_plain_seed_band(values, band, verdict):
-    assert judge(_seeds(*values), band)[0] == verdict
-
-
-@pytest.mark.parametrize(
-    ("values", "verdict"),
-    [
-        ((0.85,), "loses"),  # one seed can show a loss: below 1 - 0.10
-        ((0.95,), "ties"),  # within 0.10 of 1.0
-        ((1.50,), "ties"),  # one seed cannot show a win, however large
-        ((1.50, 1.60), "ties"),  # no plain seed band (fewer than two plain seeds): no win either
-        ((0.50, 0.60), "ties"),
-    ],
-)
-def test_without_a_seed_band_one_seed_can_lose_but_nothing_wins(values, verdict):
-    assert judge(_seeds(*values), None)[0] == verdict

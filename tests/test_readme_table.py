@@ -1,9 +1,14 @@
-"""The README's verdict table is what the arena's records say (benchmarks/table.py wrote it)."""
+"""The README's verdict table is what the arena's records say (benchmarks/table.py wrote it): the current
+judge's records (schema 3) once one holds verdicts, the previous judge's (schema 2) until then."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -15,49 +20,96 @@ def _table_module():
     return module
 
 
+@pytest.fixture(scope="module")
+def judged(tmp_path_factory):
+    """A record of the current judge, written by the arena on runs that train nothing (fake_arena.py)."""
+    sys.path.insert(0, str(ROOT / "tests" / "bench"))
+    try:
+        from fake_arena import plain_loss, run
+    finally:
+        sys.path.remove(str(ROOT / "tests" / "bench"))
+
+    def loss(m, r, b, s):
+        return plain_loss(r, b, s) + {"freeze:2": -0.15, "dropbp:p=0.5": 0.4}.get(m, 0.0)
+
+    data, _ = run(tmp_path_factory.mktemp("record"), ["plain", "freeze:2", "dropbp:p=0.5"], loss)
+    return data
+
+
 def test_the_readme_table_is_generated_from_the_records():
     table = _table_module()
-    records = table.load()
-    assert records, "no arena record under benchmarks/results/arena"
+    records = table.readme_records()
+    assert records, "no arena record under benchmarks/results/arena or arena_v2"
     generated = table.table(records)
     readme = (ROOT / "README.md").read_text()
     block = readme.partition(table.START)[2].partition(table.END)[0].strip("\n")
     assert block == generated, "README.md's table is stale: run `python benchmarks/table.py`"
     for task, record in records.items():
-        assert f"`{task}`: `{record['command']}`" in block  # every claim names its command
+        if record["verdicts"]:
+            assert f"`{task}`: `{record['command']}`" in block  # every claim names its command
 
 
-def test_a_record_without_verdicts_is_listed_as_being_run_not_as_a_column():
+def test_the_readme_keeps_the_previous_judge_s_table_until_a_current_record_holds_verdicts(tmp_path, judged):
     table = _table_module()
-    records = table.load()
-    judged = next(iter(records.values()))
-    running = {"command": "hf-hybrid bench --tasks minilm_lora --out x", "runs": [{}, {}, {}], "verdicts": []}
+    current, previous = tmp_path / "arena", tmp_path / "arena_v2"
+    (previous / "clm_stdlib").mkdir(parents=True)
+    (previous / "clm_stdlib" / "results.json").write_text(
+        json.dumps({**judged, "schema_version": 2, "task": {"name": "clm_stdlib"}})
+    )
+    running = {**judged, "task": {"name": "minilm_cls"}, "verdicts": []}
+    (current / "minilm_cls" / "minilm_cls").mkdir(parents=True)  # where `--tasks minilm_cls` writes it
+    (current / "minilm_cls" / "minilm_cls" / "results.json").write_text(json.dumps(running))
+    assert list(table.readme_records(current, previous)) == ["clm_stdlib"]
+    (current / "clm_stdlib").mkdir()
+    (current / "clm_stdlib" / "results.json").write_text(
+        json.dumps({**judged, "task": {"name": "clm_stdlib"}})
+    )
+    records = table.readme_records(current, previous)
+    assert list(records) == ["clm_stdlib", "minilm_cls"] and records["clm_stdlib"]["schema_version"] == 3
+
+
+def test_a_record_without_verdicts_is_listed_as_being_run_not_as_a_column(judged):
+    table = _table_module()
+    running = {
+        "schema_version": 3,
+        "command": "hf-hybrid bench --tasks minilm_lora --out x",
+        "runs": [{}, {}, {}],
+        "verdicts": [],
+    }
     generated = table.table({"clm_stdlib": judged, "minilm_lora": running})
     header = next(line for line in generated.splitlines() if line.startswith("| method |"))
-    assert "`minilm_lora`" not in header
+    assert "`minilm_lora`" not in header and "`clm_stdlib`" in header
     assert "- `minilm_lora`: `hf-hybrid bench --tasks minilm_lora --out x` (3 runs so far)" in generated
-    assert "`minilm_cls`, `decoder_ft`, `decoder_lora`" in generated  # the ones with no record at all
+    # the ones with no record at all
+    assert "`minilm_cls`, `decoder_ft`, `decoder_lora`, `instruct_docstrings`" in generated
+
+
+def test_each_cell_says_its_band_and_each_task_its_resolution_and_cost(judged):
+    table = _table_module()
+    generated = table.table({"clm_stdlib": judged})
+    freeze = table.pick(judged, "freeze")
+    low, high = freeze["band"]["low"], freeze["band"]["high"]
+    assert f"`freeze:2`: >1.50x / 1.00x (-0.150; band {low:.2f}–{high:.2f}x), **wins** |" in generated
+    assert "at 0.5 of the budget" in table.cell(table.pick(judged, "dropbp"))  # stopped early, and says so
+    resolution = judged["plain"]["resolution"]
+    assert f"- `clm_stdlib`: resolution {resolution['resolution']:.2f}x at 3 seed(s);" in generated
+    assert f"plain's part {judged['plain']['cost_plain_runs']['total']:.1f}" in generated
+    assert "| `packing` |" not in generated  # a family no record holds is not a row
 
 
 def test_a_method_that_wins_on_one_task_is_named_with_its_task():
     table = _table_module()
 
     def verdict(method, verdict, units, seeds=(0, 1, 2)):
-        per_seed = [
-            {
-                "speedup_units": units,
-                "speedup_units_kind": "interpolated",
-                "speedup_time_kind": "interpolated",
-            }
-        ] * len(seeds)
         return {
             "method": method,
             "verdict": verdict,
             "speedup_units": units,
+            "speedup_units_kind": "interpolated",
             "speedup_time": units,
-            "final_loss_delta": -0.01,
+            "loss_delta": -0.01,
+            "band": {"low": 0.8, "high": 1.25},
             "seeds": list(seeds),
-            "per_seed": per_seed,
         }
 
     records = {
@@ -67,8 +119,11 @@ def test_a_method_that_wins_on_one_task_is_named_with_its_task():
         "minilm_cls": {"verdicts": [verdict("plain", "baseline", 1.0), verdict("freeze:4", "wins", 1.8)]},
     }
     line = table.wins_somewhere(records)
-    assert "on `minilm_cls` `freeze:4` 1.80x / 1.80x (eval loss -0.010 vs plain, 3 seeds)" in line
-    assert "clm_stdlib" not in line
+    assert (
+        "on `minilm_cls` `freeze:4` 1.80x / 1.80x (eval loss -0.010 vs plain, band 0.80–1.25x, 3 seeds)"
+        in line
+    )
+    assert "clm_stdlib" not in line and "None wins on every task" in line
     assert table.wins_everywhere(records) == []
     no_wins = {"clm_stdlib": records["clm_stdlib"]}
     assert table.wins_somewhere(no_wins) == "No method wins on any single task either."

@@ -23,7 +23,14 @@ from hf_hybrid.bench.task import BenchTask
 
 STEPS = 200
 EXAMPLES, CLUSTER = 60, 3  # 20 documents of 3 examples each
-PRICE = {"step": 3.0, "freeze:2:step": 2.0, "dropbp:p=0.5:step": 2.5, "args:torch_compile=true:step": 1.5}
+PRICE = {
+    "step": 3.0,
+    "freeze:2:step": 2.0,
+    "dropbp:p=0.5:step": 2.5,
+    "args:torch_compile=true:step": 1.5,
+    "selective-backprop:selective": 2.0,  # priced here so that calibration times nothing
+    "selective-backprop:rule=uniform:selective": 2.0,
+}
 
 Loss = Callable[[str, float, float, int], float]
 

@@ -13,7 +13,7 @@ from hf_hybrid.bench import BenchTask, Protocol, run_arena
 from hf_hybrid.bench.methods import MethodError, parse_method
 from hf_hybrid.data import DataError
 
-TINY = Protocol(lr_multipliers=(1.0,), method_lr_multipliers=(1.0,), widen=0, warm_steps=1, timed_steps=1)
+TINY = Protocol(lr_multipliers=(1.0,), widen=0, schedule_check=False, warm_steps=1, timed_steps=1)
 
 
 def _tiny_task():
@@ -92,7 +92,7 @@ def test_a_users_csv_and_local_model_run_through_the_arena(user_files, tmp_path)
     assert data["task"]["labels"] == ["email", "http", "xml"]
     assert [v["method"] for v in data["verdicts"]] == ["plain", "freeze:1"]
     assert all(math.isfinite(r["eval_loss"]) for r in data["runs"] if r["point"])
-    # no --learning_rate: a range test set the sweep's centre, and every rate is a multiple of it
+    # no --learning_rate: a range test set the races' centre, and every rate is a multiple of it
     (test,) = [r for r in data["runs"] if r["kind"] == "range_test"]
     base = data["decisions"]["base_learning_rate"]
     assert 0 < base < 10 and len(test["losses"]) == test["stop"]
