@@ -51,9 +51,9 @@ def cost_to_reach(points: Sequence[tuple[float, float]], loss: float) -> tuple[f
 
 def speedup(points: Sequence[tuple[float, float]], loss: float, cost: float) -> Speedup:
     """Plain cost to reach the hybrid run's final loss, divided by the hybrid run's cost."""
-    if cost <= 0:
-        raise ValueError(f"`cost` must be > 0, got {cost}")
     if not math.isfinite(loss):
         return Speedup(0.0, "diverged", math.nan)
+    if cost <= 0:
+        raise ValueError(f"`cost` must be > 0, got {cost}")
     plain_cost, kind = cost_to_reach(points, loss)
     return Speedup(plain_cost / cost, kind, plain_cost)

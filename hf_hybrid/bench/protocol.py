@@ -311,10 +311,10 @@ def price_error(errors: Mapping[str, float], kinds: Sequence[str], plain_kinds: 
 
 def verdict(speedup: float, band: Band, untuned: str | None = None) -> tuple[str, str]:
     """(word, reason) for a speed-up read at the full budget, against its band."""
-    if untuned:
-        return UNTUNED, f"{untuned}: a win or a loss would say as much about the tuning"
     if not speedup > 0:
         return LOSES, "diverged"
+    if untuned:
+        return UNTUNED, f"{untuned}: a win or a loss would say as much about the tuning"
     log = math.log(speedup)
     if band.slope <= 0:
         return UNRESOLVED, "plain's eval loss no longer falls at the full budget: no speed-up can be read"

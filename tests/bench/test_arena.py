@@ -256,12 +256,6 @@ def test_an_arena_stopped_by_hand_leaves_its_report_so_far(tmp_path, monkeypatch
     assert "the same command resumes" in lines[-1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="library: a failed run (units 0) read at the early stop: reading.read -> frontier.speedup raises "
-    "'`cost` must be > 0' before it reads the infinite loss as diverged",
-)
 def test_a_run_that_fails_twice_is_recorded_with_its_error_and_the_rest_goes_on(tmp_path):
     methods = ["plain", "bench_plugins:FailsLate", "bench_plugins:FailsAtOnce", "freeze:1"]
     data = _arena(tiny_task(), methods, tmp_path)
