@@ -19,7 +19,7 @@ from .frontier import speedup
 from .plan import Planner
 from .protocol import BUDGETS, READ_AT
 from .rows import RunRow
-from .spec import RANGE_TEST, RunSpec
+from .spec import RANGE_TEST, SEGMENT, RunSpec
 
 __all__ = ["costs", "verdicts"]
 
@@ -187,13 +187,19 @@ def _curve(
 
 
 def own_units(planner: Planner, row: RunRow) -> float:
-    """What a row itself computed: its units from step 0 less those of the segment it resumed from."""
+    """What a row itself computed: its units from step 0 less those of the recorded segment it resumed
+    from (found among the rows, so that a method no longer in the plan is still costed)."""
     if row.reused_from is not None or row.failed:
         return 0.0
     if row.start == 0:
         return row.units
-    before = planner.rows.get(planner.segment_before(RunSpec.from_dict(row.spec)).key)
-    return row.units - (before.units if before is not None else 0.0)
+    trunk = row.spec.get("trunk_dir")
+    before = [
+        r
+        for r in planner.rows
+        if r.kind == SEGMENT and r.spec.get("trunk_dir") == trunk and r.spec["stop"] == row.start
+    ]
+    return row.units - (before[0].units if trunk and before else 0.0)
 
 
 def costs(planner: Planner) -> dict[str, Any]:

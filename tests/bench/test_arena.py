@@ -164,12 +164,6 @@ def test_the_same_command_again_trains_nothing_and_keeps_the_calibration(arena, 
     assert again["runs"] == data["runs"] and again["verdicts"] == data["verdicts"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=StopIteration,
-    reason="library: verdicts.costs -> own_units -> Planner.segment_before -> Planner._structure finds no "
-    "method for a recorded run of a method no longer listed (StopIteration)",
-)
 def test_a_run_no_longer_in_the_plan_is_listed_as_such(arena, tmp_path):
     out, data, _ = arena
     (tmp_path / "results.json").write_text((out / "results.json").read_text())
