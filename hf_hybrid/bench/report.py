@@ -331,6 +331,8 @@ def plot(data: Mapping[str, Any], path: Path) -> Path:
     """Left: each method's speed-up against 1.0x with its band. Right: one panel per method, titled with
     its name: eval loss against compute, plain's frontier drawn as the envelope the verdicts read."""
     rows = [v for v in data.get("verdicts", []) if v["method"] != "plain"]
+    if not rows:
+        return _plot_so_far(data, path)
     frontier = envelope(frontier_points(data))
     panels = max(1, len(rows))
     grid_rows = max(2, -(-panels // 3))
@@ -340,8 +342,38 @@ def plot(data: Mapping[str, Any], path: Path) -> Path:
     _forest(figure.add_subplot(grid[:, :2]), rows)
     for index, row in enumerate(rows):
         _method_panel(figure.add_subplot(grid[index // 3, 2 + index % 3]), row, frontier)
-    state = "" if rows else ": no verdict yet (the same command resumes it)"
-    figure.suptitle(f"{data['task'].get('name')}: speed-up at equal eval loss against plain{state}")
+    figure.suptitle(f"{data['task'].get('name')}: speed-up at equal eval loss against plain")
+    figure.tight_layout()
+    figure.savefig(path, format="png")
+    return path
+
+
+def _plot_so_far(data: Mapping[str, Any], path: Path) -> Path:
+    """A record without verdicts: the first seed's evaluated points so far, a line per method and rate
+    (plain's race among them), so a run still going can be read."""
+    first = (data.get("protocol", {}).get("seeds") or [0])[0]
+    lines: dict[tuple[str, float], list[tuple[float, float]]] = {}
+    for r in data["runs"]:
+        if r["seed"] == first and r.get("point") and r.get("eval_loss") is not None:
+            lines.setdefault((r["method"], r["lr_multiplier"]), []).append((r["units"], r["eval_loss"]))
+    figure = Figure(figsize=(9, 6), dpi=100)
+    FigureCanvasAgg(figure)
+    axis = figure.add_subplot()
+    for (method, rate), points in sorted(lines.items()):
+        style = "-o" if method == "plain" else "--s"
+        axis.plot(
+            *zip(*sorted(points), strict=True),
+            style,
+            ms=4,
+            label=f"{short_label({'method': method})} x{rate:g}",
+        )
+    axis.set_xlabel("compute (forward units)")
+    axis.set_ylabel("eval loss")
+    if lines:
+        axis.legend(fontsize=7)
+    figure.suptitle(
+        f"{data['task'].get('name')}: no verdict yet, the points so far (the same command resumes it)"
+    )
     figure.tight_layout()
     figure.savefig(path, format="png")
     return path

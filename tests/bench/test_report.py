@@ -157,11 +157,6 @@ def test_the_plot_is_drawn_from_a_record(tmp_path):
     assert drawn > empty + 5_000  # the bands, the points, the frontier and the methods' curves
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="library: report.plot draws only verdict rows; a record without verdicts yet is drawn empty, "
-    "not as plain's race and the methods' points as docs/bench.md ('The record') says",
-)
 def test_a_record_still_running_is_drawn_as_its_points_so_far(tmp_path):
     """No verdict yet: plain's race per rate and the methods' evaluated points, not an empty figure."""
     runs = [
