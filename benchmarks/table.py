@@ -93,11 +93,31 @@ def readme_records(results: Path = RESULTS, previous: Path = PREVIOUS) -> dict[s
     return load(previous)
 
 
-def table(records: dict[str, dict]) -> str:
-    """The table of `records`: the current judge's, or the previous judge's table of its own records."""
+def table(records: dict[str, dict], previous: dict[str, dict] | None = None) -> str:
+    """The table of `records`: the current judge's (with what changed from `previous`, the previous
+    judge's records), or the previous judge's table of its own records."""
     if records and all(r.get("schema_version", SCHEMA) < SCHEMA for r in records.values()):
         return previous_table(records)
-    return current_table(records)
+    return current_table(records, previous or {})
+
+
+def changes(records: dict[str, dict], previous: dict[str, dict]) -> list[str]:
+    """Per task judged by both: each method whose verdict word differs from the previous judge's."""
+    lines = []
+    for task, record in records.items():
+        before = {v["method"]: v["verdict"] for v in (previous.get(task) or {}).get("verdicts", [])}
+        both = [v for v in record["verdicts"] if v["method"] != "plain" and v["method"] in before]
+        changed = [
+            f"`{v['method']}` {before[v['method']]} → {v['verdict']}"
+            for v in both
+            if before[v["method"]] != v["verdict"]
+        ]
+        if both:
+            kept = len(both) - len(changed)
+            lines.append(
+                f"- `{task}`: {'; '.join(changed) or 'no verdict changed'} ({kept} of {len(both)} unchanged)"
+            )
+    return lines
 
 
 # ---- the current judge (schema 3): every verdict at the full budget, against its band -------------------
@@ -219,9 +239,9 @@ def resolution_line(task: str, record: dict) -> str:
     return f"- `{task}`: {text}; cost in plain full runs: {cost}"
 
 
-def current_table(records: dict[str, dict]) -> str:
+def current_table(records: dict[str, dict], previous: dict[str, dict]) -> str:
     """The table of the judged records; a record still without verdicts is listed under it with its
-    command and how many runs it holds."""
+    command and how many runs it holds; then what changed from the previous judge's verdicts."""
     running = {t: r for t, r in records.items() if not r["verdicts"]}
     records = {t: r for t, r in records.items() if r["verdicts"]}
     tasks = list(records)
@@ -273,7 +293,17 @@ def current_table(records: dict[str, dict]) -> str:
         lines += ["", "Being run (not judged yet; the same command resumes from the record):", ""]
         lines += [f"- `{t}`: `{r['command']}` ({len(r['runs'])} runs so far)" for t, r in running.items()]
     if missing:
-        lines += ["", f"Still being run: {', '.join(f'`{t}`' for t in missing)} (same protocol)."]
+        lines += ["", f"Not rerun yet under this judge: {', '.join(f'`{t}`' for t in missing)}."]
+    changed = changes(records, previous)
+    if changed:
+        lines += [
+            "",
+            "Verdicts changed from the previous judge's (`benchmarks/results/arena_v2/`):",
+            "",
+            *changed,
+        ]
+    if previous:
+        lines += ["", "The previous judge's table: `python benchmarks/table.py --previous`."]
     return "\n".join(lines)
 
 
@@ -445,8 +475,12 @@ def previous_table(records: dict[str, dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if README.md's table is stale")
+    parser.add_argument("--previous", action="store_true", help="print the previous judge's table only")
     opts = parser.parse_args(argv)
-    generated = table(readme_records())
+    if opts.previous:
+        print(previous_table(load(PREVIOUS)))
+        return 0
+    generated = table(readme_records(), load(PREVIOUS))
     readme = README.read_text()
     head, _, rest = readme.partition(START)
     _, _, tail = rest.partition(END)

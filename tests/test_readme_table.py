@@ -40,7 +40,7 @@ def test_the_readme_table_is_generated_from_the_records():
     table = _table_module()
     records = table.readme_records()
     assert records, "no arena record under benchmarks/results/arena or arena_v2"
-    generated = table.table(records)
+    generated = table.table(records, table.load(table.PREVIOUS))
     readme = (ROOT / "README.md").read_text()
     block = readme.partition(table.START)[2].partition(table.END)[0].strip("\n")
     assert block == generated, "README.md's table is stale: run `python benchmarks/table.py`"
@@ -66,6 +66,15 @@ def test_the_readme_keeps_the_previous_judge_s_table_until_a_current_record_hold
     )
     records = table.readme_records(current, previous)
     assert list(records) == ["clm_stdlib", "minilm_cls"] and records["clm_stdlib"]["schema_version"] == 3
+
+
+def test_a_verdict_that_changed_from_the_previous_judge_s_is_named(judged):
+    table = _table_module()
+    before = [{**v, "verdict": "ties"} if v["method"] == "freeze:2" else v for v in judged["verdicts"]]
+    generated = table.table({"clm_stdlib": judged}, {"clm_stdlib": {**judged, "verdicts": before}})
+    assert "- `clm_stdlib`: `freeze:2` ties → wins (1 of 2 unchanged)" in generated
+    same = table.table({"clm_stdlib": judged}, {"clm_stdlib": judged})
+    assert "- `clm_stdlib`: no verdict changed (2 of 2 unchanged)" in same
 
 
 def test_a_record_without_verdicts_is_listed_as_being_run_not_as_a_column(judged):
