@@ -210,7 +210,6 @@ class LocalPool:
 
 def _ray_run(spec: dict[str, Any], recipe: dict[str, Any]) -> dict[str, Any]:
     """One run as a Ray task, in a fresh worker process (`max_calls=1`)."""
-
     quiet_libraries()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     return run_spec(build_task(recipe), RunSpec.from_dict(spec)).to_dict()
@@ -293,7 +292,6 @@ def make_executor(
     task: BenchTask, workers: int | None, ray_address: str | None, use_ray: bool = False
 ) -> InProcess | LocalPool | RayExecutor:
     """The executor the flags ask for (`--workers N`, `--ray [ADDRESS]`)."""
-
     cuda = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if use_ray:
         if workers is not None:

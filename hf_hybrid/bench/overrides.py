@@ -23,7 +23,6 @@ FALSE_WORDS = ("false", "0", "no")
 
 def parse_hybrid_overrides(items: Sequence[str]) -> dict[str, Any]:
     """`["hybrid_x=1", ...]` -> `{"hybrid_x": 1, ...}`; a ValueError names the field, value and type."""
-
     hints = typing.get_type_hints(HybridArgumentsMixin)
     names = sorted(f.name for f in fields(HybridArgumentsMixin))
     out: dict[str, Any] = {}

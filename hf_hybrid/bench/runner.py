@@ -186,7 +186,6 @@ class StepTimer(TrainerCallback):
 
 def quiet_libraries() -> None:
     """One torch thread (the arena's clock assumes it) and no library chatter between its own lines."""
-
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     # torch.compile's workers are other processes, whose CPU time a run's clock would not see
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
@@ -305,5 +304,4 @@ def run(
 
 
 def _text(value: Any) -> str:
-
     return json.dumps(value) if isinstance(value, (dict, list)) else str(value)

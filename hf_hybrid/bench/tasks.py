@@ -109,7 +109,6 @@ def _tiny_gpt2(size: TaskSize, seed: int) -> nn.Module:
 
 
 def _gpt2_124m(size: TaskSize, seed: int) -> nn.Module:
-
     torch.manual_seed(seed)
     return GPT2LMHeadModel(GPT2Config(n_positions=1024, bos_token_id=0, eos_token_id=0))
 
@@ -131,7 +130,6 @@ NUM_PACKAGES = 8
 @lru_cache(maxsize=4)
 def classification_data(size: TaskSize) -> tuple[Any, Any, list[int]]:
     """The stdlib-package snippets through MiniLM's tokenizer, padded to `seq_len` (equal-cost batches)."""
-
     tokenizer = AutoTokenizer.from_pretrained(minilm_path())
     train, evaluation, clusters = stdlib_package_chunks(
         4 * size.seq_len, size.train_examples // NUM_PACKAGES, size.eval_examples // NUM_PACKAGES
@@ -149,7 +147,6 @@ def classification_data(size: TaskSize) -> tuple[Any, Any, list[int]]:
 
 def minilm_classifier(seed: int, num_labels: int = NUM_PACKAGES) -> nn.Module:
     """The pretrained MiniLM with a new classification head drawn from `seed`."""
-
     torch.manual_seed(seed)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the fresh head is reported as MISSING: expected
@@ -160,7 +157,6 @@ def minilm_classifier(seed: int, num_labels: int = NUM_PACKAGES) -> nn.Module:
 
 
 def minilm_lora(seed: int) -> nn.Module:
-
     model = minilm_classifier(seed)
     config = LoraConfig(task_type=TaskType.SEQ_CLS, r=8, lora_alpha=16, target_modules=["query", "value"])
     torch.manual_seed(seed)
@@ -168,17 +164,14 @@ def minilm_lora(seed: int) -> nn.Module:
 
 
 def _decoder_recipe(size: TaskSize) -> Any:
-
     return TINY_RECIPE if size.seq_len == TINY_RECIPE.seq_len else Recipe()
 
 
 def decoder_data(size: TaskSize) -> tuple[Any, Any, list[int]]:
-
     return docs_blocks(size.seq_len, size.train_examples, size.eval_examples)
 
 
 def _decoder(size: TaskSize, seed: int, lora: bool) -> nn.Module:
-
     return pretrained_decoder(_decoder_recipe(size), seed, lora)
 
 

@@ -126,7 +126,6 @@ def check_data_path(flag: str, path: str) -> None:
 
 def read_table(flag: str, path: str) -> tuple[Any, Any]:
     """(rows, rows of a ready-made eval split or None) of a file or a `save_to_disk` folder."""
-
     p = Path(path).expanduser()
     if p.is_dir():
         loaded = load_from_disk(str(p))
@@ -151,7 +150,6 @@ def build_user_task(options: UserTaskOptions) -> BenchTask:
     """Load and check everything, tokenize once; the model is built per seed by the returned task. A
     classifier's label names are in its `info` (the arena writes `labels.json` once it accepts every input).
     Without `learning_rate` the arena's range test sets it."""
-
     options.check()
     train_rows, eval_rows, ready_eval = _rows(options)
     tokenizer = AutoTokenizer.from_pretrained(options.model_name_or_path)
@@ -226,7 +224,6 @@ def _rows(options: UserTaskOptions) -> tuple[Any, Any, Any]:
 def load_model(options: UserTaskOptions, seed: int, num_labels: int | None, tokenizer: Any) -> Any:
     """A fresh model for `seed`: the pretrained weights, a new head (classification) and adapters (LoRA)
     drawn from the seed."""
-
     torch.manual_seed(seed)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # a new classification head is reported as MISSING: expected
@@ -326,7 +323,6 @@ def _lm_rows(rows: Any, tokenizer: Any, options: UserTaskOptions, split: str) ->
 
 
 def _lm_blocks(rows: Any, tokenizer: Any, options: UserTaskOptions, split: str) -> Any:
-
     column = options.text_column
 
     def group(batch: dict[str, list[Any]]) -> dict[str, list[list[int]]]:
@@ -345,7 +341,6 @@ def _lm_blocks(rows: Any, tokenizer: Any, options: UserTaskOptions, split: str) 
 
 
 def _label_names(rows: Any, column: str) -> list[str]:
-
     feature = rows.features[column]
     # a ClassLabel keeps its own numbering; other labels are numbered in sorted order
     names = list(feature.names) if isinstance(feature, ClassLabel) else sorted({str(v) for v in rows[column]})
@@ -355,7 +350,6 @@ def _label_names(rows: Any, column: str) -> list[str]:
 
 
 def _classification(rows: Any, tokenizer: Any, options: UserTaskOptions, names: list[str], split: str) -> Any:
-
     column, text = options.label_column, options.text_column
     feature = rows.features[column]
     # a label is read by its name: two ClassLabels may number the same names differently

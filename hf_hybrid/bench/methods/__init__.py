@@ -1,13 +1,9 @@
 """The arena's methods: one public registry, like the predictor registry.
 
-    parse_method("freeze:3")             # a built-in, with its option
-    parse_method("hybrid:confidence_threshold=0.3,check_every=0")
-    parse_method("my_pkg.tricks:MyTrainer")   # a Trainer subclass or TrainerCallback by import path
-    register_method(MyMethod)            # MyMethod.name is then a spec like the built-ins
-
-Built-ins: `plain`, `hybrid`, `hybrid-predict`, `null`, `freeze`, `selective-backprop`, `dropbp`, `args`,
-`peft`, `packing`, `packing-naive`, `group_by_length`, registered here (each built-in module imports only
-`base`).
+parse_method("freeze:3")             # a built-in, with its option
+parse_method("hybrid:confidence_threshold=0.3,check_every=0")
+parse_method("my_pkg.tricks:MyTrainer")   # a Trainer subclass or TrainerCallback by import path
+register_method(MyMethod)            # MyMethod.name is then a spec like the built-ins
 """
 
 from __future__ import annotations

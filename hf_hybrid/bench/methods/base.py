@@ -1,13 +1,9 @@
 """What an arena method is: a named plug-in that builds the trainer of one run.
 
-A method is judged like every other: it trains the task at a learning rate, a seed and a step budget, and
-its final eval loss and its cost are set against the plain `Trainer`'s frontier. Its cost is counted in
-*kinds* of steps (`step_counts`): `step` (a plain step: forward, backward, optimizer), `forward` (a
-forward pass alone), `blind` (no pass over the model at all), or kinds of its own, whose cost the arena
-measures by running the method itself for a few steps (`own_kinds`, `calibration_variant`). Nothing is
-assumed: on a small CPU model a backward costs 0.64 forwards, not 2. On a task whose batches vary in shape
-(`prices_tokens`) a step's kind is counted in the tokens it processed, padding included (`token_kind`):
-what packing and length grouping save is padding, which a price per step cannot see.
+Its cost is counted in kinds of steps (`step_counts`): `step` (forward, backward, optimizer), `forward`,
+`blind` (no pass over the model), or kinds of its own that the arena prices by running it (`own_kinds`);
+nothing is assumed (a small CPU model's backward costs 0.64 forwards, not 2). A task whose batches vary in
+shape is counted in tokens (`token_kind`): what packing saves is padding, which a price per step misses.
 """
 
 from __future__ import annotations
@@ -17,20 +13,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from transformers import TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
 
 if TYPE_CHECKING:
-    from transformers import Trainer, TrainerCallback, TrainingArguments
-
     from ..task import BenchTask
 
 STEP, FORWARD, BLIND, TOKEN = "step", "forward", "blind", "token"
 
 
 def prices_tokens(task: BenchTask) -> bool:
-    """Whether `task` is priced per token processed (padding included) instead of per step: a task whose
-    batches vary in shape (its collator pads each batch to its longest example, `PadToLongest`), where a
-    fixed price per step would charge a packed or length-grouped step what a padded one costs."""
+    """Whether `task` is priced per token processed (padding included), not per step: its collator pads
+    each batch to its longest example (`PadToLongest`)."""
     return bool(getattr(task.data_collator, "prices_tokens", False))
 
 
@@ -43,8 +36,7 @@ def token_kind(kind: str) -> str:
 
 
 def counts_tokens(trainer: Trainer) -> bool:
-    """The Trainer counts the tokens it trains on (`state.num_input_tokens_seen`, padding included): set on
-    the runs of a task priced per token; the count travels in checkpoints, so it runs from step 0."""
+    """The Trainer counts its tokens (`num_input_tokens_seen`, from step 0: it travels in checkpoints)."""
     return getattr(trainer.args, "include_num_input_tokens_seen", "no") == "all"
 
 
@@ -60,8 +52,8 @@ class MethodError(ValueError):
 
 @dataclass
 class TrialContext:
-    """Everything one run needs: the task, the arguments every method shares (learning rate, seed, steps,
-    evaluation cadence), the arena's own callbacks, and, for a null control, the phases it replays."""
+    """Everything one run needs: the task, the shared arguments, the arena's callbacks, a null control's
+    phases to replay."""
 
     task: BenchTask
     learning_rate: float
@@ -77,7 +69,6 @@ class TrialContext:
     def training_arguments(self, cls: type | None = None, **overrides: Any) -> TrainingArguments:
         """The arguments every run shares (the task's, at this run's rate, seed and budget), plus
         `overrides`."""
-
         every = max(1, self.steps // max(1, self.eval_points))
         common: dict[str, Any] = {
             "output_dir": self.output_dir,
@@ -121,13 +112,8 @@ class TrialContext:
 
 @dataclass
 class Method:
-    """One plug-in, parsed from its spec (`name` or `name:option=value,...`).
-
-    Subclasses set `name` and `summary`, and override `build`; those whose steps cost something other
-    than a plain step override `step_counts` (and `own_kinds`, `calibration_variant` for kinds of their
-    own). `null_spec` names the method's null control (the same cost, nothing learnt from the trick), if
-    it has one.
-    """
+    """One plug-in, parsed from its spec (`name` or `name:option=value,...`). Subclasses set `name`,
+    `summary` and `build`; `step_counts`, `own_kinds` where a step costs other than a plain one."""
 
     spec: str
     options: Mapping[str, str] = field(default_factory=dict)
@@ -139,11 +125,11 @@ class Method:
     replays_parent: ClassVar[bool] = False  # a null control that replays its parent run's phases
     budget_schedule: ClassVar[str] = BRANCHED
     rate_scale: ClassVar[float] = 1.0  # its race's centre, x plain's full-budget rate
+    own_step: ClassVar[bool] = False  # its steps priced on their own, `kind(STEP)` (e.g. a frozen model)
 
     @property
     def same_trajectory(self) -> bool:
-        """True for a method that leaves the maths alone (a compiler, a fused kernel): it trains the plain
-        run's trajectory, so it is judged in time at the plain run's rate, its units equal by construction."""
+        """It trains plain's trajectory (a compiler, a fused kernel): judged in time at plain's rate."""
         return False
 
     def __post_init__(self) -> None:
@@ -151,8 +137,6 @@ class Method:
         if unknown:
             allowed = ", ".join(f"{k} ({v})" for k, v in self.option_help.items()) or "none"
             raise MethodError(f"method {self.spec!r}: unknown option(s) {unknown}; options: {allowed}")
-
-    # ---- what a subclass provides -----------------------------------------------------------------
 
     def build(self, ctx: TrialContext) -> Trainer:
         raise NotImplementedError
@@ -168,9 +152,8 @@ class Method:
         return {kind: steps}
 
     def own_kinds(self) -> tuple[str, ...]:
-        """Step kinds whose cost is this method's alone, measured by running it (a frozen model's step,
-        a user's Trainer's step). Empty: its steps cost what the shared kinds cost."""
-        return ()
+        """Step kinds whose cost is this method's alone, measured by running it (empty: the shared ones)."""
+        return (self.kind(STEP),) if self.own_step else ()
 
     def calibration_variant(self, kind: str) -> Method:
         """A method whose every step is of `kind` (what the arena times to price that kind)."""
@@ -180,13 +163,11 @@ class Method:
         return None
 
     def declines(self, task: BenchTask) -> str | None:
-        """Why this method has nothing to do on `task` (it is then not run, and the report says why), or
-        None. E.g. packing on examples that all have one length: there is no padding to remove."""
+        """Why this method has nothing to do on `task` (it is then not run), or None."""
         return None
 
     def provably_plain(self, max_steps: int, steps: int | None = None) -> str | None:
-        """Why a run of this method `steps` long (default: the whole budget) on a task of `max_steps` trains
-        exactly like the plain Trainer (it is then the plain run, reused), or None."""
+        """Why a run `steps` long (default: all `max_steps`) trains exactly like plain (reused), or None."""
         return None
 
     def describe_run(self, trainer: Trainer) -> dict[str, Any]:
@@ -196,8 +177,6 @@ class Method:
     def note(self, trainer: Trainer) -> str | None:
         """One sentence when the run could not do what the method is for (it is then the plain run)."""
         return None
-
-    # ---- helpers ----------------------------------------------------------------------------------
 
     def kind(self, label: str) -> str:
         """A kind of this method's own, named so that two specs never share a price by accident."""

@@ -1,9 +1,5 @@
-"""The transformer blocks of a model, found without knowing its family, and what lies on their input side.
-
-The blocks are the largest `nn.ModuleList` whose modules are all of one class (GPT-2's `transformer.h`,
-BERT's `encoder.layer`, Llama's `model.layers`, OPT's `decoder.layers`, ...), peft wrappers included.
-The input side is every module registered before the branch that holds the blocks, at every level above
-them: GPT-2's `wte`, `wpe`; BERT's `embeddings`; Llama's `embed_tokens`.
+"""A model's transformer blocks (its largest `nn.ModuleList` of one class), whatever its family, and the
+modules on their input side (registered before the blocks' branch: GPT-2's `wte`, BERT's `embeddings`).
 """
 
 from __future__ import annotations
@@ -35,8 +31,7 @@ def find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList]:
 
 
 def input_side(model: nn.Module, blocks_name: str) -> list[nn.Module]:
-    """The modules that feed the first block: at each level from the root down to the blocks, the
-    siblings registered before the child that leads to them."""
+    """At each level from the root down to the blocks, the siblings registered before their branch."""
     out: list[nn.Module] = []
     module = model
     for part in blocks_name.split("."):

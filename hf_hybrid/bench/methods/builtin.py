@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from transformers import Trainer, TrainingArguments
 
@@ -14,9 +14,6 @@ from ...engine.phases import Phase
 from ...trainer import HybridHFTrainer
 from ..overrides import convert, parse_hybrid_overrides
 from .base import BLIND, BRANCHED, CONSTANT, FORWARD, STEP, Method, MethodError, TrialContext
-
-if TYPE_CHECKING:
-    from transformers import Trainer
 
 # `TrainingArguments` fields that change how a step is computed, not what it computes
 SAME_TRAJECTORY_FIELDS = frozenset(
@@ -42,7 +39,6 @@ class Plain(Method):
     summary: ClassVar[str] = "transformers.Trainer as it is (the baseline every method is judged against)"
 
     def build(self, ctx: TrialContext) -> Trainer:
-
         model, train, evaluation = ctx.task.build(ctx.seed)
         return Trainer(args=ctx.training_arguments(), **ctx.trainer_kwargs(model, train, evaluation))
 
@@ -55,9 +51,9 @@ class TrainingArgumentsOverride(Method):
         "the plain Trainer with TrainingArguments overrides, e.g. args:torch_compile=true or "
         "args:optim=adamw_torch_fused"
     )
+    own_step: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-
         hints = typing.get_type_hints(TrainingArguments)
         names = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
         if not self.options:
@@ -86,25 +82,20 @@ class TrainingArgumentsOverride(Method):
         )
 
     def build(self, ctx: TrialContext) -> Trainer:
-
         model, train, evaluation = ctx.task.build(ctx.seed)
         args = ctx.training_arguments(**self.overrides)
         return Trainer(args=args, **ctx.trainer_kwargs(model, train, evaluation))
 
-    def own_kinds(self) -> tuple[str, ...]:
-        return (self.kind(STEP),)
-
 
 class Hybrid(Method):
-    """`HybridHFTrainer` with any `hybrid_*` override (`hybrid:confidence_threshold=0.3`, the `hybrid_`
-    prefix optional). Real steps cost a plain step, checked predicted steps a forward, blind ones none."""
+    """`HybridHFTrainer` with any `hybrid_*` override (the prefix optional): real steps cost a plain step,
+    checked predicted steps a forward, blind ones none."""
 
     name: ClassVar[str] = "hybrid"
     summary: ClassVar[str] = "HybridHFTrainer; hybrid:field=value,... sets any hybrid_* argument"
     preset: ClassVar[dict[str, str]] = {}
 
     def __post_init__(self) -> None:
-
         items = {**self.preset, **{_hybrid_field(k): v for k, v in self.options.items()}}
         try:
             self.overrides = parse_hybrid_overrides([f"{k}={v}" for k, v in items.items()])
@@ -113,12 +104,9 @@ class Hybrid(Method):
             raise MethodError(f"method {self.spec!r}: {exc}") from None
 
     def _check_arguments(self) -> None:
-        """Build the arguments once, so a bad value is refused before any training."""
-
-        HybridTrainingArguments(output_dir="unused", **self.overrides)
+        HybridTrainingArguments(output_dir="unused", **self.overrides)  # a bad value refused before training
 
     def build(self, ctx: TrialContext) -> Trainer:
-
         model, train, evaluation = ctx.task.build(ctx.seed)
         args = ctx.training_arguments(HybridTrainingArguments, **self.settings(ctx.task.max_steps))
         return HybridHFTrainer(
@@ -129,12 +117,10 @@ class Hybrid(Method):
         return {}
 
     def settings(self, max_steps: int) -> dict[str, Any]:
-        """The `hybrid_*` arguments of a run of a task whose full budget is `max_steps` (the same for
-        its trunk and every branch, so that a branch continues the trunk's engine)."""
+        """The `hybrid_*` arguments for a full budget of `max_steps` (one for trunk and branches)."""
         return dict(self.overrides)
 
     def provably_plain(self, max_steps: int, steps: int | None = None) -> str | None:
-
         steps = max_steps if steps is None else steps
         settings = self.settings(max_steps)
         if not settings.get("hybrid_enabled", True):
@@ -185,8 +171,7 @@ class Hybrid(Method):
 
 
 class HybridPredict(Hybrid):
-    """The hybrid trainer forced to predict, with the settings that did best so far on this project's
-    tasks (blind predicted steps, a low threshold, short phases, no bandit; `benchmarks/README.md`)."""
+    """The hybrid trainer forced to predict, with the best settings so far (`benchmarks/README.md`)."""
 
     name: ClassVar[str] = "hybrid-predict"
     summary: ClassVar[str] = (
@@ -203,9 +188,7 @@ class HybridPredict(Hybrid):
     }
 
     def settings(self, max_steps: int) -> dict[str, Any]:
-        """The preset's phases, shortened for a budget under 200 steps so that it still predicts: warmup a
-        quarter of the budget, full phases and horizons a twentieth, the history a predictor needs a
-        twenty-fifth (at least 2); options given win."""
+        """The preset's phases, scaled down under 200 steps so that it still predicts; options given win."""
         settings = dict(self.overrides)
         given = {_hybrid_field(k) for k in self.options}
         scaled = {
@@ -220,15 +203,14 @@ class HybridPredict(Hybrid):
 
 
 class NullHybrid(Hybrid):
-    """A hybrid run's null control: its phases replayed with the null predictor, so the same batches go
-    without a backward and nothing is applied. What a predictor adds is the difference to this."""
+    """A hybrid run's null control: its phases replayed with the null predictor (same cost, nothing
+    applied)."""
 
     name: ClassVar[str] = "null-hybrid"
     summary: ClassVar[str] = "a hybrid run's phases replayed with nothing applied (added by `null`)"
     replays_parent: ClassVar[bool] = True
 
     def _extra(self, args: Any, ctx: TrialContext) -> dict[str, Any]:
-
         if ctx.replay is None:
             raise MethodError(f"method {self.spec!r} replays a hybrid run's phases; none was given")
         config = args.engine_config()
@@ -244,7 +226,6 @@ def _hybrid_field(key: str) -> str:
 
 
 def _typed(spec: str, key: str, hint: Any, text: str) -> Any:
-
     try:
         return convert(key, hint, text)
     except ValueError as exc:

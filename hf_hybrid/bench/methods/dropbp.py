@@ -1,11 +1,6 @@
 """`dropbp:p=0.5`: each block's backward skipped with probability p per optimizer step (Woo et al.,
-"DropBP", NeurIPS 2024, who report 1.5x faster to equal perplexity on LLaMA fine-tuning).
-
-A dropped block runs its forward under `no_grad` (no activations kept) and the gradient passes it by the
-residual path alone: its output is `x + stopgrad(block(x) - x)`, whose Jacobian with respect to `x` is the
-identity. The block's own parameters get no gradient that step. Decisions are drawn per optimizer step
-from a generator seeded by the run's seed, the same for every micro-batch of the step; evaluation runs
-every block normally.
+"DropBP", NeurIPS 2024). A dropped block runs under `no_grad` and returns `x + stopgrad(block(x) - x)`: the
+gradient passes by the residual alone. Draws are per optimizer step, seeded by the run's seed.
 """
 
 from __future__ import annotations
@@ -17,12 +12,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from transformers import Trainer, TrainerCallback
 
-from .base import STEP, Method, MethodError, TrialContext
+from .base import Method, MethodError, TrialContext
 from .blocks import BlocksNotFound, find_blocks
 
 if TYPE_CHECKING:
     from torch import nn
-    from transformers import Trainer
 
 STATE_FILE = "dropbp_state.pt"
 
@@ -32,6 +26,7 @@ class DropBP(Method):
     summary: ClassVar[str] = "each block's backward skipped with probability p per step (dropbp:p=0.5)"
     option_help: ClassVar[dict[str, str]] = {"p": "probability of skipping a block's backward, in [0, 1)"}
     positional: ClassVar[str | None] = "p"
+    own_step: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -41,7 +36,6 @@ class DropBP(Method):
         _blocks(model, self.spec)
 
     def build(self, ctx: TrialContext) -> Trainer:
-
         model, train, evaluation = ctx.task.build(ctx.seed)
         dropper = BlockDropper(_blocks(model, self.spec), self.p, ctx.seed)
         if ctx.resume_from is not None:
@@ -49,9 +43,6 @@ class DropBP(Method):
         kwargs = ctx.trainer_kwargs(model, train, evaluation)
         kwargs["callbacks"] = [*kwargs["callbacks"], dropper.callback()]
         return Trainer(args=ctx.training_arguments(), **kwargs)
-
-    def own_kinds(self) -> tuple[str, ...]:
-        return (self.kind(STEP),)
 
 
 def _blocks(model: nn.Module, spec: str) -> nn.ModuleList:
@@ -73,8 +64,7 @@ class BlockDropper:
             block.forward = types.MethodType(_dropping_forward(block.forward, self, index), block)
 
     def draw(self) -> None:
-        """A fresh draw; never every block: with nothing trainable below the blocks (peft, frozen
-        embeddings) a step whose every block is dropped would have no gradient at all."""
+        """A fresh draw; never every block (with nothing trainable below them, no gradient at all)."""
         mask = torch.rand(len(self.dropped), generator=self.generator) < self.p
         if bool(mask.all()):
             mask[-1] = False
@@ -85,13 +75,12 @@ class BlockDropper:
         return {"generator": self.generator.get_state(), "skipped": self.skipped}
 
     def load(self, checkpoint: str) -> None:
-        """Continue the draws of the run saved in `checkpoint` (a branch is then the run it forks from)."""
+        """Continue the draws of the run saved in `checkpoint`."""
         state = torch.load(os.path.join(checkpoint, STATE_FILE), weights_only=True)
         self.generator.set_state(state["generator"])
         self.skipped = int(state["skipped"])
 
     def callback(self) -> Any:
-
         dropper = self
 
         class _Draw(TrainerCallback):

@@ -1,8 +1,5 @@
-"""`freeze:k`: the input side (embeddings) and the bottom k blocks frozen for the whole run.
-
-Autograd then stops below the lowest trainable block, so a step skips their backward; AdamW skips
-parameters without a gradient. With peft only the adapters are trainable, so it is theirs that freeze.
-On models whose output head shares the input embedding (GPT-2), the head freezes with it.
+"""`freeze:k`: the input side (embeddings) and the bottom k blocks frozen for the whole run, so autograd
+stops below them (with peft, the adapters freeze; a head tied to the embedding freezes with it).
 """
 
 from __future__ import annotations
@@ -11,12 +8,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from transformers import Trainer
 
-from .base import STEP, Method, MethodError, TrialContext
+from .base import Method, MethodError, TrialContext
 from .blocks import BlocksNotFound, find_blocks, input_side, trainable
 
 if TYPE_CHECKING:
     from torch import nn
-    from transformers import Trainer
 
 
 class Freeze(Method):
@@ -24,6 +20,7 @@ class Freeze(Method):
     summary: ClassVar[str] = "embeddings and the bottom k blocks frozen for the whole run (freeze:k)"
     option_help: ClassVar[dict[str, str]] = {"k": "blocks frozen above the embeddings, >= 0"}
     positional: ClassVar[str | None] = "k"
+    own_step: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -32,16 +29,12 @@ class Freeze(Method):
         self.k = self.option("k", int, 0, lambda v: v >= 0, ">= 0")
 
     def build(self, ctx: TrialContext) -> Trainer:
-
         model, train, evaluation = ctx.task.build(ctx.seed)
         freeze_bottom(model, self.k)
         return Trainer(args=ctx.training_arguments(), **ctx.trainer_kwargs(model, train, evaluation))
 
     def check_model(self, model: Any) -> None:
         params_to_freeze(model, self.k)
-
-    def own_kinds(self) -> tuple[str, ...]:
-        return (self.kind(STEP),)
 
     def describe_run(self, trainer: Trainer) -> dict[str, Any]:
         params = list(trainer.model.parameters())
@@ -52,14 +45,13 @@ class Freeze(Method):
 
 
 def freeze_bottom(model: nn.Module, k: int) -> None:
-    """`requires_grad_(False)` on the input side and the first `k` blocks."""
     for p in params_to_freeze(model, k):
         p.requires_grad_(False)
 
 
 def params_to_freeze(model: nn.Module, k: int) -> list[nn.Parameter]:
     """The trainable parameters of the input side and the first `k` blocks; refuses k past the last block
-    and a model that would have nothing left to train."""
+    and a model left with nothing to train."""
     try:
         name, blocks = find_blocks(model)
     except BlocksNotFound as exc:

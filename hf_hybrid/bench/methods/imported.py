@@ -1,23 +1,15 @@
-"""A user's own method, named by import path: `my_pkg.tricks:MyTrainer`, `my_pkg.tricks:MyCallback`, or
-`my_pkg.tricks:MyMethod:option=value,...`.
-
-A `Trainer` subclass gets the arena's arguments, model and data exactly as the plain run does; a callback
-class is instantiated without arguments and added to a plain `Trainer`; the step cost of either is
-measured by running it, averaged over the calibration steps. A method whose cost changes during the run
-should be a `Method` subclass that counts its kinds of step; it takes options after a second colon.
+"""A user's own method by import path: `pkg.mod:MyTrainer`, `pkg.mod:MyCallback` (added to a plain
+`Trainer`) or `pkg.mod:MyMethod:option=value,...` (a `Method` subclass); the first two priced by timing.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from transformers import Trainer, TrainerCallback
 
-from .base import SEPARATE_RUNS, STEP, Method, MethodError, TrialContext
+from .base import SEPARATE_RUNS, Method, MethodError, TrialContext
 from .specs import import_object, parse_options
-
-if TYPE_CHECKING:
-    from transformers import Trainer
 
 
 def imported_method(spec: str) -> Method:
@@ -37,9 +29,9 @@ class ImportedMethod(Method):
 
     summary = "module.path:Name — your own Trainer subclass or TrainerCallback"
     budget_schedule = SEPARATE_RUNS
+    own_step = True
 
     def __post_init__(self) -> None:
-
         target: Any = import_object(self.spec)
         if isinstance(target, type) and issubclass(target, Trainer):
             self.trainer_class, self.callback = target, None
@@ -62,6 +54,3 @@ class ImportedMethod(Method):
             callback = self.callback() if isinstance(self.callback, type) else self.callback
             kwargs["callbacks"] = [*kwargs["callbacks"], callback]
         return self.trainer_class(args=ctx.training_arguments(), **kwargs)
-
-    def own_kinds(self) -> tuple[str, ...]:
-        return (self.kind(STEP),)

@@ -1,24 +1,10 @@
 """Padding, not computed: `packing`, `packing-naive`, `group_by_length`, and the per-batch padding they beat.
 
-On data of varied lengths the plain `Trainer` pads each batch to its longest example (`PadToLongest`, what
-`DataCollatorForSeq2Seq` does), so a batch with one long example computes mostly padding. The three
-methods train the same examples per optimizer step (the same sampler and seed) and differ in how a batch
-is laid out:
-
-- `packing`: padding-free, transformers' `DataCollatorWithFlattening`: the batch's examples end to end in
-  one row, `position_ids` restarting at each, and no attention across examples (transformers builds the
-  block-diagonal mask from the restarts). The maths of a plain step, without its padding: checked on the
-  model before anything trains (`check_model`), since a model whose attention ignores packed positions
-  would leak across examples silently.
-- `packing-naive`: what many scripts do: the examples end to end, cut into rows of the task's maximum
-  length; an example attends to those before it in its row, and one cut at a row's end continues in the
-  next without its beginning.
-- `group_by_length`: the `Trainer`'s own length-grouped sampler (examples of similar length batched
-  together), still padded per batch.
-
-Every method is evaluated with the task's own collator (isolated, padded examples), so the eval loss
-measures the same thing for all. On a task whose examples all have one length there is nothing to gain:
-`nothing_to_gain` says so, and the methods decline to run (`Method.declines`).
+Plain pads each batch to its longest example (`PadToLongest`); the three methods train the same examples
+per step and lay a batch out otherwise: `packing` end to end with `position_ids` restarting and no
+attention across examples (checked on the model first: `check_model`), `packing-naive` cut into rows that
+attend across examples, `group_by_length` the Trainer's length-grouped sampler. All are evaluated with the
+task's own collator; on examples of one length they decline (`nothing_to_gain`).
 """
 
 from __future__ import annotations
@@ -42,8 +28,7 @@ NOTHING_TO_GAIN = 0.01  # padding share of plain's batches below which packing c
 
 @dataclass
 class PadToLongest:
-    """Each batch padded to its longest example: `input_ids` with `pad_token_id` on the right, `labels` with
-    -100, an `attention_mask`. A task with this collator is priced per token processed (`prices_tokens`)."""
+    """Each batch padded on the right to its longest example (labels -100); priced per token."""
 
     pad_token_id: int
     prices_tokens: ClassVar[bool] = True
@@ -66,8 +51,7 @@ class PadToLongest:
 
 @dataclass
 class ConcatenatedRows:
-    """The batch's examples end to end, cut into rows of `row_length` tokens, the last row padded: examples
-    attend to each other within a row (`packing-naive`)."""
+    """The batch's examples end to end, cut into rows of `row_length` tokens (`packing-naive`)."""
 
     row_length: int
     pad_token_id: int
@@ -90,9 +74,7 @@ class ConcatenatedRows:
 @dataclass
 class PackedRows:
     """The batch's examples bin-packed (first fit, longest first) into rows of `row_length` tokens, each
-    example's `position_ids` restarting at 0: no attention across examples, as with one flattened row, but
-    attention costs rows x `row_length`^2 instead of (the batch's tokens)^2. A row's unused end is padding
-    that forms a segment of its own (positions from 0 again, labels -100), so no attention mask is needed."""
+    example's `position_ids` restarting at 0 (a row's padding a segment of its own: no mask needed)."""
 
     row_length: int
     pad_token_id: int
@@ -126,8 +108,7 @@ class PackedRows:
 
 @dataclass(frozen=True)
 class LengthSpread:
-    """What padding costs plain on a training set: the examples' lengths and the padding share of its batches
-    (random batches of `batch_size`, seed 0, as the Trainer's sampler draws them)."""
+    """What padding costs plain on a training set (random batches, seed 0, as the Trainer draws them)."""
 
     examples: int
     quantiles: dict[str, int]  # tokens per example: the minimum, at 10, 25, 50, 75, 90, 99%, the maximum
@@ -156,8 +137,7 @@ def length_spread(lengths: Sequence[int], batch_size: int) -> LengthSpread:
 
 
 def nothing_to_gain(task: BenchTask) -> str | None:
-    """Why removing padding cannot pay on `task` (its training examples all have about one length), or None.
-    The arena reports this sentence instead of running the methods of this module."""
+    """Why removing padding cannot pay on `task` (its examples have about one length), or None."""
     if task.task_type != "causal_lm":
         return f"packing needs a causal LM; the task is {task.task_type}"
     spread = length_spread([len(ids) for ids in task.train["input_ids"]], task.batch_size)
@@ -257,8 +237,7 @@ class GroupByLength(_LayoutMethod):
 
 
 def max_length(task: BenchTask) -> int:
-    """The task's longest example allowed (`max_length` of a user task, a preset's `seq_len`), else the
-    longest training example."""
+    """The task's `max_length` or `seq_len`, else its longest training example."""
     length = task.info.get("max_length") or task.info.get("seq_len")
     return int(length or max(len(ids) for ids in task.train["input_ids"]))
 
@@ -285,11 +264,9 @@ class TaskEvalTrainer(Trainer):
 
 
 def packed_attention_leak(model: Any) -> float:
-    """How far the logits of an example move when another is packed before it in the same row (position_ids
-    restarting): 0 when the model's attention keeps packed examples apart. Without a key-value cache, as
-    the Trainer trains (it sets `config.use_cache = TrainingArguments.use_cache`, False): transformers
-    (5.24) finds packed examples from `position_ids` only in a forward without one, and GPT-2 builds one
-    whenever `use_cache` is on (a fresh config's default), so its examples would then attend across."""
+    """How far an example's logits move when another is packed before it (0: attention keeps them apart).
+    Without a key-value cache, as the Trainer trains: transformers reads packing from `position_ids` only
+    then."""
     vocab = int(getattr(model.config, "vocab_size", 2))
     first = torch.arange(1, 6) % vocab
     second = torch.arange(7, 13) % vocab

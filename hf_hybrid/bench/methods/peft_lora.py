@@ -1,24 +1,17 @@
-"""`peft:lora`: is LoRA cheaper to the same eval loss than the full fine-tune? The task's model with rank-`r`
-adapters (peft's default modules for the architecture, or `targets`), trained on the same data and schedule.
-
-LoRA's rates are an order of magnitude above a full fine-tune's, so its race is centred at
-`ADAPTER_RATE_SCALE` (10) x plain's full-budget rate, and follows plain's rules from there. A task whose
-model already trains adapters is refused: there is nothing to compare.
+"""`peft:lora`: the task's model with rank-`r` LoRA adapters (peft's default modules, or `targets`) against
+its full fine-tune; its race centred at `ADAPTER_RATE_SCALE` x plain's rate (LoRA's rates are higher).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from peft import LoraConfig, TaskType, get_peft_model
 from transformers import Trainer
 
 from ..protocol import ADAPTER_RATE_SCALE
-from .base import STEP, Method, MethodError, TrialContext
-
-if TYPE_CHECKING:
-    from transformers import Trainer
+from .base import Method, MethodError, TrialContext
 
 KINDS = ("lora",)
 
@@ -34,6 +27,7 @@ class PeftAdapters(Method):
     }
     positional: ClassVar[str | None] = "kind"
     rate_scale: ClassVar[float] = ADAPTER_RATE_SCALE  # adapters train at about ten times the rate
+    own_step: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -48,7 +42,6 @@ class PeftAdapters(Method):
             raise MethodError(f"method {self.spec!r}: the task's model already trains adapters")
 
     def build(self, ctx: TrialContext) -> Trainer:
-
         model, train, evaluation = ctx.task.build(ctx.seed)
         task_type = TaskType.CAUSAL_LM if ctx.task.task_type == "causal_lm" else TaskType.SEQ_CLS
         config = LoraConfig(task_type=task_type, r=self.r, lora_alpha=self.alpha, target_modules=self.targets)
@@ -58,9 +51,6 @@ class PeftAdapters(Method):
         except ValueError as exc:
             raise MethodError(f"method {self.spec!r}: {exc}; name the modules with targets=a+b") from None
         return Trainer(args=ctx.training_arguments(), **ctx.trainer_kwargs(model, train, evaluation))
-
-    def own_kinds(self) -> tuple[str, ...]:
-        return (self.kind(STEP),)
 
     def describe_run(self, trainer: Trainer) -> dict[str, Any]:
         params = list(trainer.model.parameters())

@@ -1,7 +1,5 @@
-"""Method names to classes, and specs (`name`, `name:option=value,...`, `module.path:Name`) to methods.
-
-The built-ins are registered by the package (`methods/__init__.py`), which imports them; this module
-imports none of them, so no module imports back into it."""
+"""Method names to classes, and specs (`name`, `name:option=value,...`, `module.path:Name`) to methods;
+the package registers the built-ins (importing none here: no cycle)."""
 
 from __future__ import annotations
 

@@ -1,15 +1,13 @@
-"""`selective-backprop:keep=0.5`: Jiang et al. 2019, in Composer's form (`SelectiveBackprop`).
+"""`selective-backprop:keep=0.5`: Jiang et al. 2019, in Composer's form and defaults.
 
-A selective step first runs a no-grad forward over the whole batch for per-sample losses, then draws
-`keep` of the samples with a weight rising with their loss rank (the sample at loss percentile q is drawn
-with weight q^(1/keep - 1)), and runs the usual forward + backward on those only. Selective steps run
-from `start` to `end` (fractions of training) on every `every`-th step; Composer's defaults. Its null
-control (`rule=uniform`) draws the same number of samples uniformly: the same cost, no loss ranking.
+A selective step runs a no-grad forward for per-sample losses, draws `keep` of the samples (the one at
+loss percentile q with weight q^(1/keep - 1)) and trains on those only; from `start` to `end` of training,
+every `every`-th step. Its null control (`rule=uniform`) draws as many uniformly: the same cost.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -17,15 +15,11 @@ from transformers import Trainer
 
 from .base import SEPARATE_RUNS, STEP, Method, TrialContext
 
-if TYPE_CHECKING:
-    from transformers import Trainer
-
 RULES = ("loss", "uniform")
 
 
 class SelectiveBackprop(Method):
-    """Its selection window is a share of the whole run, so a shorter budget is a different run from the
-    first step: the arena runs each budget it reads separately."""
+    """Its window is a share of the whole run, so each budget is a separate run."""
 
     name: ClassVar[str] = "selective-backprop"
     summary: ClassVar[str] = (
@@ -52,11 +46,8 @@ class SelectiveBackprop(Method):
     def build(self, ctx: TrialContext) -> Trainer:
         model, train, evaluation = ctx.task.build(ctx.seed)
         trainer_class = selective_trainer_class()
-        return trainer_class(
-            args=ctx.training_arguments(),
-            selection=self,
-            **ctx.trainer_kwargs(model, train, evaluation),
-        )
+        kwargs = ctx.trainer_kwargs(model, train, evaluation)
+        return trainer_class(args=ctx.training_arguments(), selection=self, **kwargs)
 
     def selective(self, step: int, total: int) -> bool:
         return self.start * total <= step < self.end * total and step % self.every == 0
@@ -96,7 +87,6 @@ class SelectiveBackprop(Method):
 
 
 def selective_trainer_class() -> type:
-
     class SelectiveBackpropTrainer(Trainer):
         def __init__(self, *args: Any, selection: SelectiveBackprop, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
