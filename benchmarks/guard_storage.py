@@ -1,18 +1,12 @@
 """Which of the spike guard's storages recovers a full fine-tune best from an lr burst, and at what cost.
 
-A full fine-tune's host copies (weights and Adam's moments, twice) may not fit; the guard then keeps
-weights only (a restore resets the optimizer's moments) or reads the last checkpoint the Trainer saved.
-Each arm trains the task with the fault bench's lr x30 burst at mid-run (`hf_hybrid/bench/measure/faults.py`),
-the checkpoint arm saving every `--save_steps` steps as a user's run would (`hf-hybrid bench --faults`
-cannot: its runs save nothing); the record keeps the final eval loss, the restores, the guard's bytes and
-time share, and the training time:
+Host copies (weights and Adam's moments) may not fit; the guard then keeps weights only or reads the last
+checkpoint (that arm saves every `--save_steps`). Each arm trains with the fault bench's lr burst at mid-run:
 
     python benchmarks/guard_storage.py --task decoder_ft --seeds 0 \\
         --out benchmarks/results/guard_storage/guard_storage.json
 
-`--checkpoint_sizes` instead measures what the hybrid trainer at its defaults (the spike guard on) adds to
-a checkpoint: the plain `Trainer` and it train `--steps` steps of the task and save once; the files of
-both checkpoints are summed.
+`--checkpoint_sizes` instead measures what the hybrid trainer at its defaults adds to a checkpoint.
 """
 
 from __future__ import annotations
@@ -85,8 +79,7 @@ def run_arm(task_name: str, size: str, arm: str, fault: str, seed: int, save_ste
 
 
 def checkpoint_sizes(task_name: str, size: str, steps: int) -> dict[str, Any]:
-    """Bytes of the checkpoint the plain `Trainer` and the hybrid trainer at its defaults save after
-    `steps` steps of the task (each file of the folder), and the share the hybrid one adds."""
+    """Each file's bytes of plain's and the hybrid trainer's checkpoint after `steps`, and the share added."""
     task = get_task(task_name).bench_task(size)
     sizes = {}
     for arm in ("plain", "hybrid"):

@@ -1,17 +1,13 @@
-"""The field's guards against loss spikes, beside the spike guard: on recorded traces (what each would
-have done: `spike_replay.py`'s false-alarm table) and as `Trainer` subclasses the fault bench runs
+"""The field's guards against loss spikes, beside the spike guard: replayed on recorded traces
+(`spike_replay.py`) and as `Trainer` subclasses the fault bench runs
 (`hf-hybrid bench --faults --methods benchmarks.peer_guards:LossSkipTrainer ...`, with `PYTHONPATH=.`).
 
-- `LossSkip`: a step whose loss or gradient norm is more than 6 standard deviations above the mean of the
-  last 128 steps is skipped (its update never applied), once the window is full: the defaults of the
-  skip-step optimizer of a large open training stack (OLMo-core's `SkipStepOptimizer`).
-- `ZClip` (Kumar et al., 2025, "ZClip: Adaptive Spike Mitigation for LLM Pre-Training"): an exponential
-  moving mean and variance of the gradient norm (alpha 0.97, started from the first 25 steps); a norm over
-  2.5 standard deviations above the mean is clipped to mean + (2.5^2 / z) std (the paper's reciprocal
-  mode), and the clipped norm joins the averages. Its "action" is a clip.
+- `LossSkip`: skip a step whose loss or gradient norm is over 6 std above the mean of the last 128 steps
+  (OLMo-core's `SkipStepOptimizer` defaults).
+- `ZClip` (Kumar et al., 2025): EMA mean and variance of the gradient norm (alpha 0.97, from the first 25
+  steps); a norm over 2.5 std above the mean is clipped to mean + (2.5^2 / z) std (reciprocal mode).
 
-Both are written from their papers' descriptions, not copied: the baselines' false-alarm rates and the
-damage they recover are this project's measurements of these rules.
+Both are written from their papers' descriptions, not copied.
 
     python benchmarks/peer_guards.py benchmarks/results/faults   # the damage each guard recovers, per fault
 """
@@ -40,9 +36,7 @@ ZCLIP_ALPHA, ZCLIP_Z, ZCLIP_WARMUP = 0.97, 2.5, 25
 
 
 class LossSkip:
-    """Skip a step whose loss or gradient norm is over `LOSS_SKIP_SIGMA` standard deviations above the
-    mean of the last `LOSS_SKIP_WINDOW` steps (every step joins the window; none judged before it is
-    full)."""
+    """Skip a step whose loss or gradient norm is far above the window's mean (none until it is full)."""
 
     def __init__(self) -> None:
         self.losses: deque[float] = deque(maxlen=LOSS_SKIP_WINDOW)
@@ -106,8 +100,7 @@ def zclip_actions(grad_norms: list[float | None]) -> list[int]:
 
 
 class LossSkipTrainer(Trainer):
-    """The plain `Trainer` with `LossSkip`: a skipped step's optimizer step is not taken (the scheduler
-    follows the step count, as the spike guard's skips do)."""
+    """The plain `Trainer` with `LossSkip`: a skipped step's optimizer step is not taken."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -156,17 +149,14 @@ class ZClipTrainer(Trainer):
 
 
 def damages(record: dict[str, Any], arm: str, fault: str, seeds: list[int]) -> list[float]:
-    """Per seed: the arm's final eval loss under `fault` minus its own clean run's (the fault bench's
-    reading, `hf_hybrid/bench/measure/faults.py`)."""
+    """Per seed: the arm's final eval loss under `fault` minus its own clean run's."""
     runs = {(r["arm"], r["fault"], r["seed"]): r["eval_loss"] for r in record["runs"]}
     return [runs[arm, fault, seed] - runs[arm, "clean", seed] for seed in seeds]
 
 
 def damage_table(records: dict[str, dict[str, Any]]) -> str:
-    """Per fault bench record and fault, on the seeds where plain and every guard ran it and its clean run:
-    plain's damage (mean over those seeds) and each guard's, with the share of plain's it recovered
-    (1 - guard's / plain's; over 100% when the guarded run ends below its clean run, none where the fault
-    did plain no harm)."""
+    """Per record and fault, on the seeds every arm ran: plain's mean damage and each guard's, with the
+    share of plain's it recovered (none where the fault did plain no harm)."""
     lines = [
         "| record | fault | seeds | plain | " + " | ".join(GUARD_ARMS) + " |",
         "|---|---|---|---|" + "---|" * len(GUARD_ARMS),

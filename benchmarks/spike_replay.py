@@ -1,19 +1,14 @@
 """Replay the spike guard's detector on recorded loss traces: which settings fire on clean runs, which
 catch the faults.
 
-Each trace is one plain `Trainer` run of a bench task (clean, or with a fault of `hf-hybrid bench
---faults` injected at the middle), its loss recorded at every optimizer step. The detector then reads
-the trace step by step as the guard would (a step that fires is kept out of its window, as a skipped
-batch is); for a faulted trace the first firing and how many of the fault's steps fired (`+k, m/n`) are
-what it reads: a guarded run that restored would have a different trace after. Traces are kept in
-the JSON, so new settings replay for free (`--replay_only`):
+Each trace is one plain `Trainer` run of a bench task (clean, or with a `--faults` fault at mid-run), its
+loss recorded every step, replayed as the guard would read it (up to a restore: the guarded run differs
+after). Traces stay in the JSON, so new settings replay for free (`--replay_only`):
 
     python benchmarks/spike_replay.py --out benchmarks/results/spike_replay/spike_replay.json
 
-Besides the arena's tasks at their budgets, a corpus of clean runs of other shapes (`CORPUS`: a nearly
-memorised classifier over ten epochs, batches of 1-4, a long run, LoRA and full fine-tunes) is recorded
-the same way, and the field's guards (`peer_guards.py`: a 6-sigma loss skip over 128 steps, ZClip) are
-replayed beside the spike guard: actions per 1,000 clean steps, with an exact Poisson interval.
+A corpus of clean runs of other shapes (`CORPUS`) is recorded too, and the field's guards
+(`peer_guards.py`) are replayed beside the spike guard: actions per 1,000 clean steps, exact Poisson CI.
 """
 
 from __future__ import annotations
@@ -83,8 +78,7 @@ SETTINGS = {  # name: SpikeGuardConfig fields
 
 
 class LossTrace(TrainerCallback):
-    """Records the loss `training_step` returns, the gradient norm and the norm of the update the
-    optimizer applied (all trainable tensors), every step (gradient accumulation 1 in the presets)."""
+    """Records every step's loss, gradient norm and applied update's norm (no gradient accumulation)."""
 
     def __init__(self) -> None:
         self.trainer: Trainer | None = None
@@ -124,8 +118,7 @@ class LossTrace(TrainerCallback):
 
 
 def tuned_multiplier(task_name: str) -> float | None:
-    """The full budget's best rate multiplier in the arena's committed record (its sweep's decision, there
-    as soon as the sweep has ended, before the methods run), or None while the task has none."""
+    """The full budget's best rate multiplier in the arena's committed record, or None while it has none."""
     path = ARENA_RECORDS / task_name / "results.json"
     if not path.is_file():
         return None
@@ -142,9 +135,8 @@ def record(
     eval_points: int = 1,
     variant: str | None = None,
 ) -> dict[str, Any]:
-    """One plain run's trace. The verdict table's runs evaluate `ARENA_EVAL_POINTS` times, as the first
-    protocol's arena did (evaluation moves the random state, so the trajectory depends on it); a corpus
-    `variant` is the task with its overrides."""
+    """One plain run's trace (`eval_points` matter: evaluation moves the random state); a corpus `variant`
+    is the task with its overrides."""
     task = _task(task_name, size, variant)
     method = parse_method("plain")
     runner = method if fault == "clean" else Faulted(method, fault)
@@ -188,8 +180,7 @@ def _task(task_name: str, size: str, variant: str | None) -> Any:
 
 
 def wanted_traces() -> list[tuple[str, str, str, int, float, int, str | None]]:
-    """(task, size, fault, seed, rate multiplier, evaluations, corpus variant) of every trace the replay
-    reads, in recording order."""
+    """(task, size, fault, seed, rate multiplier, evaluations, corpus variant) of every trace, in order."""
     wanted = [
         (task, size, fault, seed, 1.0, 1, None)
         for task, size, clean_seeds, fault_seeds in TRACES
@@ -222,8 +213,7 @@ def trace_key(trace: dict[str, Any]) -> tuple[str, str, str, int, float, str | N
 
 
 def detector_fires(trace: dict[str, Any]) -> list[int]:
-    """The 1-based steps at which the guard's detector fires when every step is applied (as a plain run
-    applies them): a sudden spike, or a lasting shift whose own step is up too, as the guard judges."""
+    """The 1-based steps at which the guard's detector fires when every step is applied (as in plain)."""
     detector = detector_for(SpikeGuardConfig())
     fired: list[int] = []
     for step, (loss, grad_norm) in enumerate(_steps(trace), start=1):
@@ -238,10 +228,8 @@ def detector_fires(trace: dict[str, Any]) -> list[int]:
 
 
 def update_check_fires(trace: dict[str, Any]) -> tuple[list[int], float] | None:
-    """The 1-based steps whose applied update the shipped `UpdateCheck` judges outsized (more than
-    `max_update_ratio` times the median of the recent ones; whether it is then taken back depends on its
-    batch measured at the weights before and after, which a trace has not), and the largest ratio of
-    the updates it leaves; None for a trace recorded without the update norms."""
+    """The 1-based steps whose update the shipped `UpdateCheck` judges outsized, and the largest ratio of
+    those it leaves; None for a trace without update norms."""
     if "update_norms" not in trace:
         return None
     config = SpikeGuardConfig()
@@ -260,21 +248,15 @@ def update_check_fires(trace: dict[str, Any]) -> tuple[list[int], float] | None:
 
 
 def replay_guard(trace: dict[str, Any], fields: dict[str, Any], blamed: str) -> str:
-    """The shipped `SpikeGuard` over a trace, step by step as the engine drives it, with its second
-    measurement of the suspect batches standing for what it finds when `blamed` is to blame (`data`:
-    the batches are as bad at the trusted weights; `weights`: they are at the recent level there).
-    Returns the skips and the first restore (1-based steps); the trace after a restore is not what the
-    guarded run would have seen, so the replay stops there."""
-    param = torch.nn.Parameter(torch.zeros(1))
-    guard: SpikeGuard
+    """The shipped `SpikeGuard` over a trace as the engine drives it, its second measurement finding
+    `blamed` to blame; the skips and the first restore (1-based), where the replay stops."""
     measured: dict[str, float] = {}
 
     def suspect_loss() -> float:
         return measured["data"] if blamed == DATA else measured["weights"]
 
-    guard = SpikeGuard(
-        torch.optim.SGD([param], lr=0.1), SpikeGuardConfig(**fields), suspect_loss=suspect_loss
-    )
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    guard = SpikeGuard(optimizer, SpikeGuardConfig(**fields), suspect_loss=suspect_loss)
     skips: list[int] = []
     for step, (loss, grad_norm) in enumerate(_steps(trace), start=1):
         measured["data"] = loss
@@ -320,8 +302,7 @@ def _name(trace: dict[str, Any]) -> str:
 
 
 def guard_actions(trace: dict[str, Any]) -> int:
-    """The spike guard's actions on a clean trace, whichever the second measurement blames (the more of
-    the two), and the outsized updates the update check would judge (each could be taken back)."""
+    """The spike guard's actions on a clean trace (the more of either blame) and the update check's."""
     counts = [_count(replay_guard(trace, {}, culprit)) for culprit in (DATA, WEIGHTS)]
     judged = update_check_fires(trace)
     return max(counts) + (len(judged[0]) if judged else 0)
@@ -333,8 +314,7 @@ def _count(outcome: str) -> int:
 
 
 def corpus_table(traces: list[dict[str, Any]]) -> str:
-    """The corpus's clean runs, one row each: its steps, where the detector fired, and what each guard
-    does on it (the spike guard as `guard_actions` counts; the peers' actions at their steps)."""
+    """The corpus's clean runs, one row each: where the detector fired, and what each guard does."""
     lines = [
         "| run | steps | eval loss | detector fired at | spike guard | 6-sigma loss skip | ZClip clips |",
         "|---|---|---|---|---|---|---|",
@@ -355,9 +335,8 @@ def _peer_actions(trace: dict[str, Any]) -> tuple[list[int], list[int]]:
 
 
 def false_alarm_table(traces: list[dict[str, Any]]) -> str:
-    """Actions per 1,000 clean steps over every clean trace recorded with gradient norms (the arena's runs
-    and the corpus), each guard, with an exact 95% Poisson interval; and on the faulted traces, how many
-    of the fault's steps each one acts on (a replay: the guarded run would see other losses after)."""
+    """Each guard's actions per 1,000 clean steps (with gradient norms; exact 95% Poisson interval), then
+    `_fault_catch_table`."""
     clean = [t for t in traces if t["fault"] == "clean" and t.get("grad_norms")]
     steps = sum(len(t["losses"]) for t in clean)
     counts = [sum(guard_actions(t) for t in clean)]
@@ -413,8 +392,8 @@ def poisson_interval(count: int, level: float = 0.95) -> tuple[float, float]:
 
 
 def summary(traces: list[dict[str, Any]]) -> str:
-    """One row per trace: where the detector alone fires, then per setting what the guard does (clean
-    traces: if the batches were to blame / if the weights were; faulted: the fault's own culprit)."""
+    """One row per trace: where the detector fires, and per setting what the guard does (clean: under
+    either blame; faulted: the fault's own culprit)."""
     lines = [
         "| trace | detector fires at | update check | " + " | ".join(SETTINGS) + " |",
         "|---|---|---|" + "---|" * len(SETTINGS),
@@ -438,11 +417,8 @@ def summary(traces: list[dict[str, Any]]) -> str:
 
 
 def clean_table(traces: list[dict[str, Any]]) -> str:
-    """The verdict table's clean runs under the shipped settings: per task and rate, per seed, what the
-    guard does (whichever the second measurement blames) and where the detector alone fired."""
-    arena = [
-        t for t in traces if t["fault"] == "clean"
-    ]  # any clean run at the rate (x1 may be the tuned one)
+    """The verdict table's clean runs under the shipped settings, per task, rate and seed."""
+    arena = [t for t in traces if t["fault"] == "clean"]  # any clean run at the rate (x1 may be tuned)
     lines = ["| task | lr | seed 0 | seed 1 | seed 2 |", "|---|---|---|---|---|"]
     for task in ARENA_TASKS:
         tuned = tuned_multiplier(task)

@@ -1,13 +1,9 @@
-"""`hf-hybrid bench`'s flags and dispatch; importing this module stays fast (nothing heavy at the top).
-
-Your task: `--model_name_or_path` and `--dataset` (or `--task_factory module:function` returning a
-`hf_hybrid.bench.BenchTask`); the built-in presets: `--suite` / `--tasks`. The flag names follow
-`run_clm.py` and `TrainingArguments`.
-"""
+"""`hf-hybrid bench`'s flags (named as in `run_clm.py`) and dispatch; light: nothing heavy at the top."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from typing import Any
@@ -37,8 +33,7 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         "args:field=value,..., "
         "module.path:Name (a Trainer subclass or TrainerCallback). `--list_methods` describes them.",
     )
-    groups = (_task_flags, _budget_flags, _judged_flags, _protocol_flags, _scaling_flags, _preset_flags)
-    for add in (*groups, _tool_flags):
+    for add in (_task_flags, _judged_flags, _protocol_flags, _scaling_flags, _tool_flags):
         add(bench)
     return bench
 
@@ -79,10 +74,6 @@ def _task_flags(bench: argparse.ArgumentParser) -> None:
         help="causal_lm: each row a prompt (its labels -100) and its --text_column answer (implies rows)",
     )
     task.add_argument("--task_factory", metavar="MODULE:FUNCTION", help="a function returning a BenchTask")
-
-
-def _budget_flags(bench: argparse.ArgumentParser) -> None:
-    """The budget of your task (a preset has its own)."""
     budget = bench.add_argument_group("budget (your task; a preset has its own)")
     budget.add_argument(
         "--max_steps", type=int, default=None, help="optimizer steps of a full run (default: 200)"
@@ -163,7 +154,7 @@ def _judged_flags(bench: argparse.ArgumentParser) -> None:
 
 
 def _scaling_flags(bench: argparse.ArgumentParser) -> None:
-    """Who runs the runs: local workers or Ray."""
+    """Who runs the runs (local workers or Ray), and the built-in presets."""
     scale = bench.add_argument_group("scaling out")
     scale.add_argument(
         "--workers",
@@ -181,10 +172,6 @@ def _scaling_flags(bench: argparse.ArgumentParser) -> None:
         help="run each run as a Ray task: auto (the cluster this machine belongs to), local (start one here) "
         "or HOST:PORT / ray://HOST:PORT (needs pip install 'hf-hybrid[ray]')",
     )
-
-
-def _preset_flags(bench: argparse.ArgumentParser) -> None:
-    """The built-in presets."""
     presets = bench.add_argument_group("built-in presets")
     presets.add_argument(
         "--suite", choices=SUITE_CHOICES, default=None, help="preset size and tasks (default: quick)"
@@ -249,8 +236,7 @@ def bench_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 
 def _fixable(exc: ValueError) -> bool:
-    """A DataError or a MethodError. The methods (torch) are not imported to ask: a MethodError can only
-    exist once its module is, and a misspelt method is refused before anything heavy is imported."""
+    """A DataError or a MethodError (asked without importing the methods: a MethodError needs them)."""
     methods = sys.modules.get("hf_hybrid.bench.methods.base")
     return isinstance(exc, DataError) or (methods is not None and isinstance(exc, methods.MethodError))
 
@@ -358,28 +344,11 @@ def _own_task(args: argparse.Namespace) -> Any:
         return task_from_factory(args)
     if args.model_name_or_path is None or args.dataset is None:
         raise DataError("your task needs both --model_name_or_path and --dataset")
-    options = UserTaskOptions(
-        model_name_or_path=args.model_name_or_path,
-        dataset=args.dataset,
-        task=args.task,
-        eval_dataset=args.eval_dataset,
-        eval_fraction=args.eval_fraction,
-        text_column=args.text_column,
-        label_column=args.label_column,
-        peft=args.peft,
-        lora_r=args.lora_r,
-        max_length=args.max_length,
-        max_steps=args.max_steps if args.max_steps is not None else 200,
-        per_device_train_batch_size=args.per_device_train_batch_size or 8,
-        per_device_eval_batch_size=args.per_device_eval_batch_size or 32,
-        learning_rate=args.learning_rate,
-        max_train_samples=args.max_train_samples,
-        max_eval_samples=args.max_eval_samples,
-        lm_examples=args.lm_examples,
-        prompt_column=args.prompt_column,
-    )
-
-    return build_user_task(options)
+    options = {field.name: getattr(args, field.name) for field in dataclasses.fields(UserTaskOptions)}
+    options["max_steps"] = args.max_steps if args.max_steps is not None else 200
+    options["per_device_train_batch_size"] = args.per_device_train_batch_size or 8
+    options["per_device_eval_batch_size"] = args.per_device_eval_batch_size or 32
+    return build_user_task(UserTaskOptions(**options))
 
 
 def task_from_factory(args: argparse.Namespace) -> Any:
