@@ -1,10 +1,8 @@
 """One `RunSpec` trained and measured, in whatever process runs it (`executors.py`).
 
-The run is the method's own Trainer with the spec's schedule, resumed through `resume_from_checkpoint`
-when the spec starts at a trunk checkpoint: the HF code path, so the model, optimizer, scheduler, RNG and
-data position continue exactly (and a hybrid run's engine with them). Only the end is evaluated. Time
-excludes evaluation and checkpoint saving; the compute is the method's step counts, cumulative from step 0
-because the counters travel in the checkpoint.
+A spec that starts at a trunk checkpoint resumes through `resume_from_checkpoint` (model, optimizer,
+scheduler, RNG, data position and engine continue exactly); the step counts run from step 0, as the
+counters travel in the checkpoint. Only the end is evaluated.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from transformers import default_data_collator
 from .methods import Method, TrialContext, parse_method
 from .methods.selective_backprop import per_sample_loss
 from .range_test import RangeRamp
-from .runner import LossTrace, StopAt, TrainingClock, quiet
+from .runner import LossTrace, StopAt, TrainingClock, measured, start
 from .spec import RANGE_TEST, RunSpec
 from .task import BenchTask
 
@@ -74,37 +72,24 @@ def run_spec(task: BenchTask, spec: RunSpec, method: Method | None = None) -> Me
             resume_from=spec.checkpoint,
             extra_args={**spec.schedule, "eval_strategy": "no", "logging_strategy": "no"},
         )
-        trainer = quiet(method.build(ctx))
-        clock.trainer = trace.trainer = trainer
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
+        trainer = start(method, ctx)
         trainer.train(resume_from_checkpoint=spec.checkpoint)
         examples, counts = evaluate_examples(trainer, task) if spec.evaluate else (None, None)
         eval_loss = weighted_mean(examples, counts) if spec.evaluate else None
-    trainable = [p for p in trainer.model.parameters() if p.requires_grad]
     return Measured(
         stop=trainer.state.global_step,
         eval_loss=eval_loss,
-        step_counts=method.step_counts(trainer, trainer.state.global_step),
         own_seconds=clock.train_seconds(),
-        wall_seconds=clock.wall_seconds(),
-        clock="wall" if clock.cuda else "cpu_time",
         losses=trace.losses,
-        details=method.describe_run(trainer),
-        note=method.note(trainer),
-        trainable_bytes=sum(p.numel() * p.element_size() for p in trainable),
-        engine_peak_bytes=clock.engine_peak_bytes,
-        device_peak_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
+        **measured(trainer, method, clock),
         eval_example_losses=[round(v, 5) for v in examples] if spec.per_example else None,
         eval_example_tokens=counts if spec.per_example else None,
     )
 
 
 def evaluate_examples(trainer: Any, task: BenchTask) -> tuple[list[float], list[int]]:
-    """Each eval example's mean loss and its count of scored tokens (a classifier's: 1), through one path
-    for every method: the task's eval set in order, padded by the task's own collator, whatever the
-    method trains with (a packing collator must not change what is measured). The eval loss is their
-    token-weighted mean: per scored token, as `Trainer.evaluate` gives on equal-length examples."""
+    """Each eval example's mean loss and count of scored tokens (a classifier's: 1), the same for every
+    method: the task's eval set in order, through the task's own collator (not a packing one)."""
     model = trainer.model
     model.eval()
     collate = task.data_collator or default_data_collator

@@ -1,17 +1,13 @@
-"""One arena run: a task, a method, a learning rate, a seed and a step budget, trained and measured.
+"""One run: a task, a method, a learning rate, a seed and a step budget, trained and measured.
 
-Training time excludes evaluation (every method evaluates at the same steps, and evaluation is not what
-any of them speeds up). On CPU it is the process's CPU time: other processes on a shared machine stretch
-wall-clock by tens of percent but barely touch the CPU time a run spends (with one torch thread it is the
-compute time). On CUDA it is wall-clock after a synchronize. Wall-clock is kept alongside either way.
-The compute a run spent is kept as counts of its kinds of step (`Method.step_counts`); the arena prices
-them with its calibration.
+Training time excludes evaluation. On CPU it is the process's CPU time (other processes on a shared
+machine stretch wall-clock, barely CPU time), on CUDA wall-clock after a synchronize; wall-clock is kept
+too. The compute is kept as counts of kinds of step (`Method.step_counts`), priced by the calibration.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import tempfile
@@ -25,9 +21,8 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.utils import logging as hf_logging
 
-from .methods import Method, TrialContext, parse_method
+from .methods import Method, TrialContext
 from .task import BenchTask
-from .tasks import get_task
 
 
 @dataclass
@@ -53,14 +48,26 @@ class RunResult:
         return dataclasses.asdict(self)
 
 
-class TrainingClock(TrainerCallback):
+class _Timer(TrainerCallback):
+    """The run's clock: CPU time on CPU, wall-clock after a synchronize on CUDA."""
+
+    def __init__(self) -> None:
+        self.cuda = torch.cuda.is_available()
+        self.clock = time.perf_counter if self.cuda else time.process_time
+
+    def _time(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return self.clock()
+
+
+class TrainingClock(_Timer):
     """Training time without evaluation or checkpoint saving, and the eval loss against it (with the
     step counts so far)."""
 
     def __init__(self, method: Method | None = None) -> None:
+        super().__init__()
         self.method = method
-        self.cuda = torch.cuda.is_available()
-        self.clock = time.perf_counter if self.cuda else time.process_time
         self.start = self.wall_start = 0.0
         self.paused = self.paused_wall = 0.0  # evaluating and saving
         self.paused_before_step = self.paused_wall_before_step = 0.0
@@ -71,9 +78,7 @@ class TrainingClock(TrainerCallback):
         self.engine_peak_bytes = 0
 
     def _now(self) -> tuple[float, float]:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return self.clock(), time.perf_counter()
+        return self._time(), time.perf_counter()
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.start, self.wall_start = self._now()
@@ -122,8 +127,7 @@ class TrainingClock(TrainerCallback):
 
 
 class LossTrace(TrainerCallback):
-    """The loss `training_step` returns, every optimizer step (the mean over its micro-batches): what
-    the spike guard's detector is replayed on, and what shows a run that went unstable."""
+    """The loss `training_step` returns, every optimizer step (the mean over its micro-batches)."""
 
     def __init__(self) -> None:
         self.trainer: Trainer | None = None
@@ -158,29 +162,23 @@ class StopAt(TrainerCallback):
             control.should_save = self.save
 
 
-class StepTimer(TrainerCallback):
-    """The clock time of each optimizer step (first micro-batch to step end), and the tokens it trained on
-    where the Trainer counts them (0 elsewhere): what calibration prices."""
+class StepTimer(_Timer):
+    """The clock time of each optimizer step, and the tokens it trained on where the Trainer counts them
+    (0 elsewhere): what calibration prices."""
 
     def __init__(self) -> None:
-        self.cuda = torch.cuda.is_available()
-        self.clock = time.perf_counter if self.cuda else time.process_time
+        super().__init__()
         self.began = 0.0
         self.tokens_before = 0
         self.seconds: list[float] = []
         self.tokens: list[int] = []
 
-    def _now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return self.clock()
-
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.tokens_before = state.num_input_tokens_seen
-        self.began = self._now()
+        self.began = self._time()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.seconds.append(self._now() - self.began)
+        self.seconds.append(self._time() - self.began)
         self.tokens.append(int(state.num_input_tokens_seen - self.tokens_before))
 
 
@@ -214,9 +212,7 @@ def run_trial(
     callbacks: Sequence[TrainerCallback] = (),
     output_dir: str | None = None,
 ) -> RunResult:
-    """Train once and measure; every run of the arena goes through here, one after the other.
-
-    Extra `callbacks` that have a `trainer` attribute get the trainer before training starts."""
+    """Train once and measure; `callbacks` with a `trainer` attribute get the trainer before training."""
     clock = TrainingClock(method)
     with tempfile.TemporaryDirectory() as tmp:
         ctx = TrialContext(
@@ -229,79 +225,44 @@ def run_trial(
             callbacks=[clock, *callbacks],
             replay=replay,
         )
-        trainer = quiet(method.build(ctx))
-        for callback in (clock, *callbacks):
-            if hasattr(callback, "trainer"):
-                callback.trainer = trainer
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
+        trainer = start(method, ctx)
         trainer.train()
         if not clock.curve or clock.curve[-1]["step"] != trainer.state.global_step:
             trainer.evaluate()  # the final eval loss is what every method is judged by
-    hybrid = getattr(trainer, "engine", None) is not None
-    trainable = [p for p in trainer.model.parameters() if p.requires_grad]
     return RunResult(
         method=method.spec,
         learning_rate=learning_rate,
         seed=seed,
         steps=trainer.state.global_step,
         train_seconds=clock.train_seconds(),
-        wall_seconds=clock.wall_seconds(),
-        clock="wall" if clock.cuda else "cpu_time",
         eval_loss=clock.curve[-1]["eval_loss"],
-        step_counts=method.step_counts(trainer, trainer.state.global_step),
         curve=clock.curve,
-        stats=trainer.hybrid_stats() if hybrid else {},
-        details=method.describe_run(trainer),
-        note=method.note(trainer),
-        trainable_bytes=sum(p.numel() * p.element_size() for p in trainable),
-        engine_peak_bytes=clock.engine_peak_bytes,
-        device_peak_bytes=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
+        stats=trainer.hybrid_stats() if getattr(trainer, "engine", None) is not None else {},
+        **measured(trainer, method, clock),
     )
 
 
-# ---- the presets' short form, for the overhead measurement and the experiments ---------------------
+def start(method: Method, ctx: TrialContext) -> Trainer:
+    """The method's trainer, quiet, given to the callbacks that have a `trainer`; the device peak reset."""
+    trainer = quiet(method.build(ctx))
+    for callback in ctx.callbacks:
+        if hasattr(callback, "trainer"):
+            callback.trainer = trainer
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    return trainer
 
 
-@dataclass(frozen=True)
-class PresetRun:
-    """A run of a built-in task at a size: `kind` plain, hybrid (with `hybrid_overrides`) or null (the
-    hybrid phases `script` replayed with nothing applied)."""
-
-    task: str
-    size: str
-    kind: str
-    seed: int = 0
-    lr_multiplier: float = 1.0
-    budget: float = 1.0
-    eval_points: int = 4
-    hybrid_overrides: tuple[tuple[str, Any], ...] = ()
-    script: tuple[str, ...] | None = None
-
-    def method(self) -> Method:
-        options = ",".join(f"{k}={_text(v)}" for k, v in self.hybrid_overrides)
-        name = {"plain": "plain", "hybrid": "hybrid", "null": "null-hybrid"}.get(self.kind)
-        if name is None:
-            raise ValueError(f"`kind` must be one of ['plain', 'hybrid', 'null'], got {self.kind!r}")
-        return parse_method(name + (f":{options}" if options and name != "plain" else ""))
-
-
-def run(
-    spec: PresetRun, output_dir: str | None = None, callbacks: Sequence[TrainerCallback] = ()
-) -> RunResult:
-    task = get_task(spec.task).bench_task(spec.size)
-    return run_trial(
-        task,
-        spec.method(),
-        learning_rate=task.learning_rate * spec.lr_multiplier,
-        seed=spec.seed,
-        steps=max(1, round(task.max_steps * spec.budget)),
-        eval_points=spec.eval_points,
-        replay=spec.script,
-        callbacks=callbacks,
-        output_dir=output_dir,
-    )
-
-
-def _text(value: Any) -> str:
-    return json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+def measured(trainer: Trainer, method: Method, clock: TrainingClock) -> dict[str, Any]:
+    """What every finished run records besides its steps, eval loss and training time."""
+    trainable = [p for p in trainer.model.parameters() if p.requires_grad]
+    return {
+        "wall_seconds": clock.wall_seconds(),
+        "clock": "wall" if clock.cuda else "cpu_time",
+        "step_counts": method.step_counts(trainer, trainer.state.global_step),
+        "details": method.describe_run(trainer),
+        "note": method.note(trainer),
+        "trainable_bytes": sum(p.numel() * p.element_size() for p in trainable),
+        "engine_peak_bytes": clock.engine_peak_bytes,
+        "device_peak_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
+    }

@@ -1,24 +1,12 @@
 """`hf-hybrid bench --overhead [--awake]`: what the hybrid machinery costs, asleep and awake.
 
-Per task, in one process: `pairs` plain/hybrid pairs of the same run (same model, data, seed, arguments,
-default hybrid settings), the order inside a pair alternating (plain first, then hybrid first, ...) so a
-drift of the machine's speed falls on both sides. The clock is the process's CPU time on CPU and
-wall-clock on CUDA (see `runner.TrainingClock`). Reported: each pair's hybrid/plain time, their median,
-and whether the hybrid run trained exactly like the plain one (same eval loss).
+Per task, `pairs` plain/hybrid pairs of the same run, the order alternating so a drift of the machine's
+speed falls on both sides (the clock: `runner.TrainingClock`); then one more hybrid run for the engine's
+retained memory after every step (`memory.engine_retained_bytes`). `llama_3l` adds a model no preset is.
 
-Memory: one more hybrid run measures the engine's retained memory after every step by walking its live
-objects (`memory.engine_retained_bytes`: tensor storage by device plus the Python objects, the model and
-the optimizer excluded), reported at its largest while asleep and overall, against the trainable bytes.
-On CUDA the device peak of the timed runs is reported too. Besides the presets, `llama_3l` (a 3-layer
-Llama configuration on `clm_stdlib`'s data and budget) measures a model none of them is.
-
-Awake (`awake=True`): the hybrid side of each pair runs predict phases — the null predictor at
-confidence threshold 0 after a warmup of a tenth of the steps (`awake_overrides`; `--hybrid` settings
-win), so the engine is awake at every step and the compute a predicted step saves is known (it
-applies nothing). Its time against the plain run's is then no measure of the bookkeeping (the run skips
-backward passes); what is reported is the share of the step time that the hybrid machinery measured
-for itself — every part of the engine, the trainer's hooks and the optimizer wrapper, on the process's
-CPU clock (`hybrid_stats()["timing"]`) — in all and per part, against `AWAKE_SHARE_TARGETS`.
+Awake: the hybrid runs predict (the null predictor, threshold 0: `awake_overrides`), so their time is no
+measure of the bookkeeping; reported instead is the share of the step time that the hybrid machinery
+measured for itself (`hybrid_stats()["timing"]`), in all and per part, against `AWAKE_SHARE_TARGETS`.
 """
 
 from __future__ import annotations
@@ -34,7 +22,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback
 
 from ...data import BYTE_VOCAB_SIZE
-from ..runner import PresetRun, RunResult, run, run_trial
+from ..methods import parse_method
+from ..runner import RunResult, run_trial
 from ..task import BenchTask
 from ..tasks import clm_data, get_task
 from .memory import engine_retained_bytes
@@ -52,8 +41,7 @@ LLAMA = "llama_3l"
 
 
 def llama_task(size: str) -> BenchTask:
-    """A 3-layer, 128-wide Llama configuration from scratch, on `clm_stdlib`'s byte-level data and budget
-    at that size (another architecture: RMSNorm, rotary embeddings, gated MLP, untied head)."""
+    """A 3x128 Llama from a config on `clm_stdlib`'s data and budget (RMSNorm, rotary, gated MLP)."""
     shape = get_task("clm_stdlib").size(size)
     train, evaluation, _ = clm_data(shape)
     config = LlamaConfig(
@@ -85,31 +73,23 @@ def llama_task(size: str) -> BenchTask:
     )
 
 
-def _steps(task: str, size: str) -> int:
-    return get_task("clm_stdlib" if task == LLAMA else task).size(size).steps
-
-
-def _run(spec: PresetRun, callbacks: Sequence[TrainerCallback] = ()) -> RunResult:
-    """A preset through `runner.run`; the Llama task through the arena's `run_trial`, likewise."""
-    if spec.task != LLAMA:
-        return run(spec, callbacks=callbacks)
-    task = llama_task(spec.size)
+def _run(
+    task: str, size: str, kind: str, seed: int, overrides: Sequence[tuple[str, Any]], callbacks: Any = ()
+) -> RunResult:
+    """One plain or hybrid run of a preset (or the Llama task) at its own rate and budget, one eval."""
+    bench = llama_task(size) if task == LLAMA else get_task(task).bench_task(size)
+    options = ",".join(f"{k}={json.dumps(v) if isinstance(v, dict | list) else v}" for k, v in overrides)
+    method = parse_method(kind + (f":{options}" if options and kind != "plain" else ""))
+    steps, rate = bench.max_steps, bench.learning_rate
     return run_trial(
-        task,
-        spec.method(),
-        learning_rate=task.learning_rate,
-        seed=spec.seed,
-        steps=task.max_steps,
-        eval_points=spec.eval_points,
-        callbacks=callbacks,
+        bench, method, learning_rate=rate, seed=seed, steps=steps, eval_points=1, callbacks=callbacks
     )
 
 
 def awake_overrides(task: str, size: str) -> dict[str, Any]:
-    """Predict phases on every task and size: the null predictor (nothing applied, so the compute saved
-    is the skipped backward passes), threshold 0 (phases open without skill), a warmup of a tenth of
-    the steps."""
-    steps = _steps(task, size)
+    """The null predictor (nothing applied), threshold 0 (phases open without skill), a warmup of a tenth
+    of the steps."""
+    steps = get_task("clm_stdlib" if task == LLAMA else task).size(size).steps
     return {
         "hybrid_predictor": "null",
         "hybrid_confidence_threshold": 0.0,
@@ -166,19 +146,14 @@ def measure_task(
         order = ("plain", "hybrid") if index % 2 == 0 else ("hybrid", "plain")
         results: dict[str, RunResult] = {}
         for kind in order:
-            results[kind] = _run(
-                PresetRun(task, size, kind, seed, hybrid_overrides=hybrid_overrides, eval_points=1)
-            )
+            results[kind] = _run(task, size, kind, seed, hybrid_overrides)
             progress(f"{task} pair {index + 1}/{pairs} {kind:6s} {results[kind].train_seconds:8.2f} s")
         report.pairs.append(_pair(results["plain"], results["hybrid"], order))
     if awake:
         report.summary = _awake_summary(task, report.pairs, dict(hybrid_overrides))
         return report
     probe = _MemoryProbe()
-    probed = _run(
-        PresetRun(task, size, "hybrid", seed, hybrid_overrides=hybrid_overrides, eval_points=1),
-        callbacks=[probe],
-    )
+    probed = _run(task, size, "hybrid", seed, hybrid_overrides, callbacks=[probe])
     trainable = probed.trainable_bytes
     asleep = [row["total"] for row in probe.rows if not row["awake"]]
     report.memory = {
@@ -252,8 +227,8 @@ def _met(ok: bool) -> str:
 
 
 def format_table(reports: Sequence[TaskOverhead]) -> str:
-    """One row per task. Next to the A/B ratio: the plain runs' own spread (what one ratio can resolve)
-    and the hybrid machinery's self-measured share of the step time (on CPU, process time in its parts)."""
+    """One row per task: the ratios, the plain runs' own spread (what one ratio can resolve), the
+    machinery's self-measured share of the step time, and the memory."""
     lines = [
         f"| task | hybrid/plain time per pair | median (target <= {TIME_TARGET}) | plain runs' spread | "
         "hybrid machinery's own share of the step time | same eval loss | "
@@ -286,8 +261,8 @@ def format_table(reports: Sequence[TaskOverhead]) -> str:
 
 
 def format_awake_table(reports: Sequence[TaskOverhead]) -> str:
-    """Per task: what the awake run predicted and saved, and the hybrid machinery's share of the step
-    time per pair and its median against the target; then the median share of every part per task."""
+    """Per task: what the awake run predicted and saved, and the machinery's share of the step time;
+    then each part's median share."""
     lines = [
         "| task | steps predicted | compute saved (units) | hybrid/plain time per pair | "
         "added share of the step time per pair | median (target) |",
