@@ -1,20 +1,10 @@
 """The hybrid state inside an HF checkpoint folder.
 
-Three pieces, each written to a temporary name and renamed:
-- `hybrid_state.safetensors`: the tensors (predictor buffers, the open phase's snapshot, the loss
-  forecaster's weights, the residual history);
-- `hybrid_state.json`: the readable rest (phase and budgets, counters, bandit and corrector statistics,
-  configuration and parameter fingerprints), with `"@tensor:<name>"` where a tensor went;
-- in `trainer_state.json` (`stateful_callbacks.HybridStateCallback`, via `HybridStateCallback`): a
-  small entry with the format version, the two file names, their SHA-256 and a few headline numbers,
-  so the JSON people open by hand stays small and a truncated or altered file is refused instead of
-  restoring garbage.
-
-With sharded parameters (FSDP2) every rank holds its own shards of the engine's tensors, so every rank
-writes its own pair, `hybrid_state_rank{R}.safetensors` and `hybrid_state_rank{R}.json`, and the entry
-lists each rank's files and checksums under `ranks` (with `sharding.world_size`) instead of the
-single pair's keys. Each rank reads back its own pair; another world size is refused (the shards of a
-predictor buffer or a snapshot cannot be re-split). Unsharded checkpoints keep the single-pair layout.
+Each piece written to a temporary name and renamed: `hybrid_state.safetensors` (the tensors),
+`hybrid_state.json` (the readable rest, `"@tensor:<name>"` where a tensor went), and a small entry in
+`trainer_state.json` with the format version, file names and SHA-256, so a damaged file is refused.
+Under FSDP2 every rank writes its own pair (`hybrid_state_rank{R}.*`, listed under `ranks`); another
+world size is refused (shards cannot be re-split).
 """
 
 from __future__ import annotations
@@ -69,8 +59,7 @@ class HybridStateCallback(TrainerCallback, ExportableState):
 def save_engine_state(
     state: dict[str, Any], folder: str | os.PathLike, write_files: bool, summary: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Write the tensor file and the readable JSON (when `write_files`, i.e. on the saving rank); return
-    the small entry for `trainer_state.json` (with `summary`'s headline numbers, for people)."""
+    """Write the state files (when `write_files`: the saving rank); return the `trainer_state.json` entry."""
     digests: dict[str, str | None] = {"tensors": None, "state": None}
     if write_files:
         digests = _write_state_files(state, Path(folder), HYBRID_STATE_FILE, HYBRID_STATE_JSON)
@@ -90,10 +79,8 @@ def save_sharded_engine_state(
     gather: Callable[[Any], list[Any]],
     summary: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Every rank writes its own pair of files (its shards); `gather` (a collective every rank calls:
-    one object in, every rank's object out, in rank order) collects the names and checksums, so the
-    entry that the saving rank puts in `trainer_state.json` covers all ranks' files. Each rank's files
-    are in place before its checksums are gathered."""
+    """Every rank writes its own pair of files; `gather` (a collective, rank order) collects the names
+    and checksums, so the saving rank's entry covers all ranks' files."""
     names = rank_file_names(rank)
     os.makedirs(folder, exist_ok=True)
     digests = _write_state_files(state, Path(folder), names["tensor_file"], names["state_file"])
@@ -119,11 +106,9 @@ def _write_state_files(
     """The tensors to a safetensors file and the rest to JSON, each atomically; their SHA-256."""
     tree, tensors = split_state(state)
     contiguous = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
-    tmp = folder / (tensor_file + ".tmp")
-    save_file(contiguous, str(tmp), metadata={"format": "pt", "hf_hybrid_format": str(FORMAT_VERSION)})
-    digest = file_sha256(tmp)
-    os.replace(tmp, folder / tensor_file)
-    return {"tensors": digest, "state": _write_atomically(folder / state_file, json.dumps(tree, indent=1))}
+    metadata = {"format": "pt", "hf_hybrid_format": str(FORMAT_VERSION)}
+    digest = _write_atomically(folder / tensor_file, lambda tmp: save_file(contiguous, str(tmp), metadata))
+    return {"tensors": digest, "state": _write_text(folder / state_file, json.dumps(tree, indent=1))}
 
 
 def _summary(summary: dict[str, Any] | None) -> dict[str, Any]:
@@ -131,16 +116,14 @@ def _summary(summary: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def sharding_problem(entry: dict[str, Any], world_size: int) -> str | None:
-    """Why a run whose engine shards over `world_size` ranks (1: unsharded) cannot load the entry's
-    state (None: it can), in the engine's words."""
+    """Why an engine sharded over `world_size` ranks (1: unsharded) cannot load the entry (None: it can)."""
     saved = int((entry.get("sharding") or {}).get("world_size", 1))
     # the rank is this comparison's own placeholder: only the world sizes are compared here
     return describe_sharding_mismatch({"world_size": saved, "rank": 0}, {"world_size": world_size, "rank": 0})
 
 
 def rank_pair(entry: dict[str, Any], rank: int) -> dict[str, Any]:
-    """The single-pair entry (format version, file names, checksums) of `rank`'s files; an unsharded
-    entry is its own pair for every rank."""
+    """The single-pair entry of `rank`'s files (an unsharded entry is every rank's pair)."""
     if "ranks" not in entry:
         return entry
     ranks = entry["ranks"]
@@ -203,17 +186,21 @@ def _check_version(entry: dict[str, Any], folder: str | os.PathLike) -> None:
         )
 
 
-def _write_atomically(path: Path, text: str) -> str:
-    """Write `text` to `path` through a temporary file; returns its SHA-256."""
+def _write_text(path: Path, text: str) -> str:
+    return _write_atomically(path, lambda tmp: tmp.write_text(text))
+
+
+def _write_atomically(path: Path, write: Callable[[Path], Any]) -> str:
+    """Write `path` through a temporary file; returns its SHA-256."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    write(tmp)
     digest = file_sha256(tmp)
     os.replace(tmp, path)
     return digest
 
 
 def save_timeline(timeline: list[dict[str, Any]], folder: str | os.PathLike) -> None:
-    _write_atomically(Path(folder) / HYBRID_TIMELINE_FILE, json.dumps(timeline))
+    _write_text(Path(folder) / HYBRID_TIMELINE_FILE, json.dumps(timeline))
 
 
 def load_timeline(folder: str | os.PathLike) -> list[dict[str, Any]]:
@@ -230,14 +217,9 @@ def file_sha256(path: Path) -> str:
 
 
 def last_complete_checkpoint(output_dir: str | os.PathLike, need_hybrid_state: bool = True) -> str | None:
-    """Newest `checkpoint-N` whose save finished (None: there is no checkpoint at all).
-
-    `Trainer` writes trainer_state.json after everything else, so its presence (and, for a hybrid
-    checkpoint, the files its entry points to, unless `need_hybrid_state` is False because the engine
-    restarts anyway) marks a complete save. Newer folders left half-written by a crash are skipped with a
-    warning that names them, what they lack and the steps that will be trained again; when no complete
-    one is left, resuming is refused with what each lacks, instead of silently starting over.
-    """
+    """Newest `checkpoint-N` whose save finished (None: no checkpoint at all). trainer_state.json is
+    written last, so it (and the hybrid files its entry names, if `need_hybrid_state`) marks a complete
+    save; newer half-written folders are skipped with a warning, and none complete is refused."""
     root = Path(output_dir)
     if not root.is_dir():
         return None
@@ -311,13 +293,9 @@ def read_engine_entry(folder: str | os.PathLike) -> dict[str, Any] | None:
 
 
 class EngineCheckpoints:
-    """Saves and restores the hybrid engine with every Trainer checkpoint.
-
-    The trainer calls `check` before a resume loads any weight, `save` where the Trainer saves its
-    optimizer, and `restore` once the engine is built; `callback` is the stateful callback that carries the
-    entry into `trainer_state.json`. `restart` (`hybrid_restart_engine`) starts a new engine that carries
-    on the counters, the engine's time and the timeline.
-    """
+    """Saves and restores the hybrid engine with every Trainer checkpoint: `check` before a resume loads
+    any weight, `save` beside the optimizer, `restore` once the engine is built; `callback` carries the
+    entry into `trainer_state.json`."""
 
     def __init__(self, restart: bool, rename: Callable[[str], str] = str) -> None:
         self.restart = restart
@@ -379,8 +357,7 @@ class EngineCheckpoints:
         return load_timeline(checkpoint)
 
     def _restart(self, engine: Any, checkpoint: str, entry: dict[str, Any] | None, warmup_steps: int) -> list:
-        """A new engine, not a new history: what it learnt starts over; the counters, the engine's time and
-        peak bytes and the timeline carry on (from the checkpoint's readable state, when it can be read)."""
+        """A new engine, not a new history: what it learnt starts over; the counters and timeline go on."""
         carried = "the phase timeline"
         if entry is not None:
             try:

@@ -1,19 +1,6 @@
-"""HybridHFTrainer: the training library's one module that knows `transformers.Trainer` internals, its
-private hooks and the private state of its W&B callback (the arena's methods, `hf_hybrid/bench/`, are
-Trainer subclasses of their own).
-
-It does not copy the training loop; it hooks in where the loop already calls out (transformers 5.19 to
-5.24, `docs/layout.md`), and each hook's part of a step is told once, in docs/how-it-works.md ("One
-optimizer step, in the code"):
-
-- `_prepare_for_training`: build the engine (restored from the checkpoint being resumed) and put a
-  `HybridOptimizer` in place of `self.optimizer`, where the loop calls `step()`;
-- `on_step_begin` (`HybridStepCallback`, below): open the step, the engine deciding its phase;
-- `training_step`: a full step, a forward-only step or no forward at all, as the phase says;
-- `_clip_grad_norm` / `_get_grad_norm`: nothing in predicted steps (no gradients exist; clipping would
-  also break a fp16 GradScaler), the gradient norm to the optimizer wrapper in real ones;
-- `_save_optimizer_and_scheduler`: the hybrid state in the checkpoint (`checkpoint.EngineCheckpoints`);
-- `on_train_end` (`HybridStepCallback`): the timeline plot, on the W&B run too, and the summary.
+"""HybridHFTrainer: the library's one module that knows `transformers.Trainer` internals (its private
+hooks, its W&B callback's private state). It does not copy the training loop but hooks in where the loop
+calls out (transformers 5.19 to 5.24); each hook's part of a step is told in docs/how-it-works.md.
 """
 
 from __future__ import annotations
@@ -58,8 +45,7 @@ logger = logging.getLogger(__name__)
 
 
 def _charged(hook: Callable[..., Any]) -> Callable[..., Any]:
-    """What a trainer-side hook does is the hybrid trainer's cost: it goes on the engine's clock
-    (`hybrid_stats()["timing"]`, part `trainer`), beside the engine's own parts."""
+    """A trainer-side hook's time is the hybrid trainer's cost: part `trainer` of the engine's clock."""
 
     @functools.wraps(hook)
     def charged(self: HybridHFTrainer, *args: Any, **kwargs: Any) -> Any:
@@ -70,17 +56,16 @@ def _charged(hook: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class _PredictedSteps(Trainer):
-    """What a step without a backward needs of `Trainer`: a forward-only step (the loss measured as
-    `training_step` measures it, under no_grad), a blind one (nothing run), and the gradient hooks that
-    such a step skips. `HybridHFTrainer` builds on it; `optimizer` is then the `HybridOptimizer`."""
+    """What a step without a backward needs of `Trainer`: a forward-only step, a blind one (nothing run),
+    and the gradient hooks such a step skips; `optimizer` is then the `HybridOptimizer`."""
 
     engine: HybridEngine | None
 
     def _forward_only_step(
         self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None
     ) -> torch.Tensor:
-        """`Trainer.training_step` without the backward: the same context-parallel set-up, train modes
-        and loss scaling (so the logged loss is comparable across phases), under no_grad."""
+        """`Trainer.training_step` without the backward, under no_grad: the same set-up, train modes and
+        loss scaling, so the logged loss is comparable across phases."""
         cp_context, inputs = self._prepare_context_parallel_inputs(model, inputs)
         with cp_context():
             model.train()
@@ -89,22 +74,21 @@ class _PredictedSteps(Trainer):
                 inputs = self._prepare_inputs(inputs)
                 with torch.no_grad(), self.compute_loss_context_manager():
                     loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        return self._scaled_step_loss(model, loss, num_items_in_batch)
+
+    def _scaled_step_loss(self, model: nn.Module, loss: torch.Tensor, num_items: Any) -> torch.Tensor:
+        """A forward-only loss scaled as `training_step` scales it, after resharding under FSDP2."""
         self._reshard_after_forward_only(model)
         if self.args.n_gpu > 1:
             loss = loss.mean()
-        if not self._loss_is_scaled_for_ga(num_items_in_batch):
+        if not self._loss_is_scaled_for_ga(num_items):
             loss = loss / self.current_gradient_accumulation_steps
         return loss.detach()
 
     def _reshard_after_forward_only(self, model: nn.Module) -> None:
-        """Under FSDP2, free the parameters a forward without backward left unsharded.
-
-        FSDP2 reshards the root module (and any module with `reshard_after_forward=False`) only after the
-        backward. A forward under no_grad leaves them unsharded, and the next forward reuses that stale
-        copy instead of all-gathering again, so a predicted update written into the shards in between
-        would be invisible to it (measured: the loss after a predicted step drifted 1% from the
-        single-process run). Resharding drops the copy; the next forward gathers the updated shards.
-        """
+        """Under FSDP2, free the parameters a forward without backward left unsharded: FSDP2 reshards the
+        root only after the backward, and the next forward would reuse that stale copy, blind to a predicted
+        update written into the shards (measured: a 1% loss drift from the single-process run)."""
         if not self.is_fsdp_enabled:
             return
         for module in model.modules():
@@ -193,8 +177,8 @@ class HybridHFTrainer(_PredictedSteps):
     # ---- set-up around the (unchanged) loop -----------------------------------------------------
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
-        """`resume_from_checkpoint=True` takes the newest checkpoint whose save finished; a hybrid state
-        that cannot fit is refused before any weight is loaded."""
+        """`resume_from_checkpoint=True` takes the newest complete checkpoint; a hybrid state that cannot
+        fit is refused before any weight is loaded."""
         if self.hybrid_args.hybrid_enabled:
             if resume_from_checkpoint is True:
                 restart = self.hybrid_args.hybrid_restart_engine
@@ -208,8 +192,7 @@ class HybridHFTrainer(_PredictedSteps):
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def _shard_world_size(self) -> int:
-        """Over how many ranks the engine's parameters will be sharded (1: whole tensors), known before
-        `prepare` shards them: FSDP2 shards over every process."""
+        """Over how many ranks `prepare` will shard the engine's parameters (FSDP2: all; else 1)."""
         if self.is_fsdp_enabled and unsupported_distribution(self) is None:
             return self.accelerator.num_processes
         return 1
@@ -266,11 +249,11 @@ class HybridHFTrainer(_PredictedSteps):
             predictor=self._predictor,
             spike_guard=guard,
         )
-        self.hybrid_timeline = []
-        if checkpoint is not None:
-            self.hybrid_timeline = self.checkpoints.restore(
-                self.engine, checkpoint, config.schedule.warmup_steps
-            )
+        self.hybrid_timeline = (
+            []
+            if checkpoint is None
+            else self.checkpoints.restore(self.engine, checkpoint, config.schedule.warmup_steps)
+        )
         self.optimizer = HybridOptimizer(
             self.optimizer,
             self.engine,
@@ -282,8 +265,7 @@ class HybridHFTrainer(_PredictedSteps):
         self.callback_handler.optimizer = self.optimizer
 
     def _build_spike_guard(self, params: dict[str, torch.Tensor]) -> SpikeGuard | None:
-        """The spike guard `hybrid_spike_guard` asks for, its copies where they fit (`guard_storage`);
-        what it holds is said at the start of training (`guard_plan`)."""
+        """The spike guard `hybrid_spike_guard` asks for, its copies where they fit (`guard_storage`)."""
         args = self.hybrid_args
         self.guard_plan = None
         if args.hybrid_spike_guard == "off":
@@ -313,9 +295,8 @@ class HybridHFTrainer(_PredictedSteps):
         return SpikeGuard(self.optimizer, config, suspect_loss=self._suspect_loss, copies=copies)
 
     def _suspect_loss(self) -> float | None:
-        """This step's loss at the live weights, measured again as training measured it (train mode, the
-        same loss scaling) without a gradient, the random state put back after (dropout draws no number
-        the run would have drawn); averaged over ranks."""
+        """This step's loss at the live weights, measured again as training measured it without a gradient,
+        the random state put back after (dropout draws no number the run would have drawn)."""
         if not self._step_batches:
             return None
         cuda = [torch.cuda.current_device()] if torch.cuda.is_available() else []
@@ -327,12 +308,7 @@ class HybridHFTrainer(_PredictedSteps):
         model.train()
         with self.compute_loss_context_manager():
             loss = self.compute_loss(model, self._prepare_inputs(inputs), num_items_in_batch=num_items)
-        self._reshard_after_forward_only(model)
-        if self.args.n_gpu > 1:
-            loss = loss.mean()
-        if not self._loss_is_scaled_for_ga(num_items):
-            loss = loss / self.current_gradient_accumulation_steps
-        return loss.detach()
+        return self._scaled_step_loss(model, loss, num_items)
 
     # ---- one optimizer step ---------------------------------------------------------------------
 
@@ -392,14 +368,8 @@ class HybridHFTrainer(_PredictedSteps):
     # ---- what users see -------------------------------------------------------------------------
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """Training logs get the `hybrid/*` metrics, so every reporter and `trainer_state.json` see them
-        at the step of the training log.
-
-        No per-rank reduction is needed: every metric comes from quantities identical on every rank —
-        the step loss is averaged over ranks before the engine sees it, the gradient norm is of the
-        synchronised gradients, the parameters are replicated (DDP) or sharded with every whole-tensor sum
-        all-reduced by the engine (FSDP2), and the counters follow phase decisions all ranks take alike.
-        """
+        """Training logs get the `hybrid/*` metrics, so every reporter and `trainer_state.json` see them.
+        No per-rank reduction is needed: every metric comes from quantities identical on every rank."""
         if self.engine is not None and "loss" in logs:
             with self.engine.timer.part("trainer"):
                 logs.update({f"hybrid/{key}": value for key, value in self.engine.metrics().items()})
@@ -410,11 +380,8 @@ class HybridHFTrainer(_PredictedSteps):
         super().log(logs, start_time)
 
     def hybrid_stats(self) -> dict[str, Any]:
-        """Plain dict: steps per phase, backward passes run/skipped, rollbacks, refusals, compute units,
-        the engine's bytes (now and peak), the highest confidence against the threshold, and under
-        `timing` the share of the step time that the hybrid machinery took — the engine and this
-        trainer's hooks, in all (`engine_time_share`) and by part (`parts`); CPU time on CPU (see
-        `engine.timing`), the only entry that varies run to run."""
+        """Plain dict of the engine's counters, bytes and confidence, and under `timing` the share of the
+        step time the hybrid machinery took (the only entry that varies run to run)."""
         if self.engine is None:  # the same keys as a run that predicted nothing, zeros where nothing happened
             return disabled_stats(self.engine_config)
         stats = {"enabled": True, **self.engine.stats(), "timing": self.engine.timing()}
@@ -437,9 +404,8 @@ class HybridHFTrainer(_PredictedSteps):
 
 
 class HybridStepCallback(TrainerCallback):
-    """Opens each optimizer step on its first micro-batch (the engine decides the phase there); after the
-    last step, the timeline plot and the summary in the log. Added before the console callbacks and after
-    the reporters, so a W&B run is still open for the plot."""
+    """Opens each optimizer step on its first micro-batch; after the last, the timeline plot and summary.
+    Added after the reporters, so a W&B run is still open for the plot."""
 
     def __init__(self, trainer: HybridHFTrainer) -> None:
         self.trainer = trainer
@@ -480,13 +446,8 @@ def publish_timeline_plot(trainer: HybridHFTrainer) -> None:
 
 
 def unsupported_distribution(trainer: Trainer) -> str | None:
-    """Why predict phases cannot run under the trainer's accelerate set-up (None: they can).
-
-    FSDP2 is supported: its parameters are `DTensor`s sharded on dim 0, which the engine handles
-    shard by shard (`engine/sharding.py`). FSDP1 flattens each wrapped module's parameters into one
-    `FlatParameter` per rank, a plain tensor whose slices the engine cannot tell apart from a whole
-    tensor; DeepSpeed keeps the fp32 master weights inside its optimizer.
-    """
+    """Why predict phases cannot run under the trainer's accelerate set-up (None: they can; FSDP2's
+    dim-0 `DTensor` shards are handled by `engine/sharding.py`)."""
     if trainer.is_deepspeed_enabled:
         return _DEEPSPEED_UNSUPPORTED
     if not trainer.is_fsdp_enabled:
@@ -515,12 +476,8 @@ _SUMMARY_KEYS = (
 
 
 def _loss_probe(trainer: HybridHFTrainer) -> Callable[[], float]:
-    """Mean loss of fixed training examples (eval mode, no_grad), averaged over ranks.
-
-    The examples are drawn from the *training* set with the engine's seed: the eval set must never steer
-    training. They stay in training too, so the probe is not a clean held-out estimate; it only has to
-    rank two nearby weight vectors on the same batches.
-    """
+    """Mean loss of fixed training examples (eval mode, no_grad), averaged over ranks. They come from the
+    *training* set (the eval set must never steer training): the probe only ranks two nearby weights."""
     count = trainer.hybrid_args.hybrid_probe_batches * trainer.args.per_device_train_batch_size
     subset = _probe_examples(trainer.train_dataset, count, trainer.engine_config.seed)
     batches = list(trainer.get_eval_dataloader(subset))
@@ -545,7 +502,7 @@ def _loss_probe(trainer: HybridHFTrainer) -> Callable[[], float]:
 
 class _CheckpointCopy:
     """`hybrid_guard_storage=checkpoint`: the copy is the checkpoint the Trainer saved at its step, read
-    back on a restore (weights and optimizer state; the scheduler keeps following the step count)."""
+    back on a restore (the scheduler keeps following the step count)."""
 
     periodic = False  # taken only where the Trainer saves (the engine's save rebases the guard)
     persistent = True  # on disk: a resumed run finds the trusted checkpoint too

@@ -4,13 +4,8 @@
     ... caller runs forward(+backward) for the step's micro-batches ...
     engine.finish_step(StepRecord(loss, grad_norm, lr), optimizer.step)   # where the real step would run
 
-The caller (a Trainer, or any plain PyTorch loop) never decides anything itself. The engine changes
-what it was given: the parameters (a predicted update, a rollback to a phase's snapshot) and, through
-the spike guard, the optimizer's state (a restore puts back a copy's weights and moments); it
-calls the caller back through the optimizer-step callable, `probe`, and the guard's `suspect_loss`.
-Everything it decides is derived from scalars that are identical on every rank (the caller all-reduces
-the loss), so no rank drifts. What happens inside the two calls, step by step: docs/how-it-works.md,
-"One optimizer step, in the code"; the one recovery rule: `recovery.py`.
+The caller (a Trainer, or any plain PyTorch loop) decides nothing. Everything the engine decides comes
+from scalars identical on every rank, so no rank drifts. Step by step: docs/how-it-works.md.
 """
 
 from __future__ import annotations
@@ -59,8 +54,7 @@ LOGGED_STATS = (
 
 
 class _Part:
-    """An engine attribute that is the field of the same name of its `EngineParts`, read and written
-    there: the engine's state stays in one place."""
+    """An engine attribute kept in the same-named field of its `EngineParts`: the state in one place."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -89,10 +83,8 @@ class HybridEngine:
         predictor: DeltaPredictor | None = None,
         spike_guard: SpikeGuard | None = None,
     ) -> None:
-        """`probe()` returns the loss of fixed batches (identical on every rank); with it, a predict phase
-        is kept only if that loss fell from the phase's start to its end, instead of the noisier
-        training-loss regression test. `predictor` replaces the one `config.predictor` names.
-        `spike_guard` judges every WARMUP and FULL step and restores its copy on a loss spike."""
+        """`probe()`: the loss of fixed batches; with it a predict phase is kept only if that loss fell
+        over the phase. `predictor` replaces the one `config.predictor` names."""
         if not params:
             raise ValueError("HybridEngine needs at least one trainable parameter; the model has none")
         self.parts = EngineParts.build(params, config or EngineConfig(), optimizer, predictor, spike_guard)
@@ -123,10 +115,8 @@ class HybridEngine:
     # ---- per step -------------------------------------------------------------------------------
 
     def begin_step(self, step_number: int | None = None) -> StepPlan:
-        """Decide the phase of the next optimizer step (call once per step, on every rank).
-
-        `step_number` is how the caller numbers this step in its log lines (a Trainer: its global step,
-        which carries on across a resume); by default the engine counts the steps it decided."""
+        """Decide the phase of the next optimizer step (once per step, on every rank); `step_number` is the
+        caller's number for it in log lines (default: the engine's own count)."""
         self.timer.start_step()
         self.step_number = self.controller.steps_decided + 1 if step_number is None else step_number
         with self.timer.part("decide"):
@@ -151,10 +141,7 @@ class HybridEngine:
         self, record: StepRecord, optimizer_step: Callable[[], None], skip_nonfinite_step: bool = True
     ) -> StepOutcome:
         """Run the step's update: the real optimizer step, or the predicted delta.
-
-        `skip_nonfinite_step=False` is for callers whose optimizer already skips non-finite gradients
-        (a fp16 GradScaler) and must be called on every real step.
-        """
+        `skip_nonfinite_step=False`: every real step reaches the optimizer (a fp16 GradScaler skips them)."""
         if self.plan is None:
             raise RuntimeError("finish_step() called without begin_step()")
 
@@ -288,9 +275,8 @@ class HybridEngine:
         return self.timer.summary()
 
     def stats(self) -> dict[str, Any]:
-        """Counters and bytes (deterministic: a resumed run reports what the uninterrupted one does), the
-        highest confidence reached against the threshold, the predictor's name, the phase and the warmup
-        steps left (None: a scripted engine, whose phases are replayed)."""
+        """Counters, bytes, confidence and phase; deterministic (a resumed run reports what the
+        uninterrupted one does)."""
         return engine_stats(
             self.config,
             self.counters,
@@ -333,8 +319,7 @@ class HybridEngine:
     # ---- checkpointing ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue exactly, mid-phase included: the parts' state and the open
-        predict phase's."""
+        """Everything needed to continue exactly, mid-phase included."""
         if self.plan is not None:
             raise RuntimeError("cannot save the engine in the middle of an optimizer step")
         # the spike guard's copies start again from the state being saved, as a resumed run's do
@@ -342,8 +327,7 @@ class HybridEngine:
         return {**self.parts.state_dict(), **self.phases.state_dict()}
 
     def continue_accounting(self, state: Mapping[str, Any]) -> None:
-        """A new engine that carries on a run (`hybrid_restart_engine`): the counters, the engine's own
-        time and its peak bytes continue from a saved state; everything it learnt starts over."""
+        """`hybrid_restart_engine`: the counters, time and peak bytes continue; what it learnt starts over."""
         self.parts.continue_accounting(state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -354,8 +338,7 @@ class HybridEngine:
 
 
 class StepRecovery:
-    """The one place that acts on what went wrong: it performs the action a step's alarms call for
-    (`recovery.choose_action`) on the engine's parts, and logs exactly that."""
+    """The one place that acts on what went wrong: performs `recovery.choose_action` and logs exactly that."""
 
     def __init__(self, parts: EngineParts, phases: PredictPhases) -> None:
         self.parts = parts
@@ -402,16 +385,14 @@ class StepRecovery:
         return action
 
     def _restore(self, alarms: list[Alarm], step: int) -> None:
-        """The spike guard puts its copy back; the predictors forget the updates they saw since (the
-        spike's among them) and measure the next real update from the restored weights."""
+        """The spike guard puts its copy back; the predictors forget the updates they saw since."""
         with self.parts.timer.part("spike_guard"):
             self.parts.spike_guard.restore(step, _spikes(alarms))
             self._forget_updates()
         self._force_full()
 
     def _take_back(self, step: int) -> None:
-        """The spike guard's update check puts back the weights of before the outsized update (the optimizer
-        keeps what it learnt from the gradients); the predictors forget that update, as after a restore."""
+        """The update check puts back the weights before the outsized update; the predictors forget it."""
         with self.parts.timer.part("spike_guard"):
             self.parts.spike_guard.take_back(step)
             self._forget_updates()

@@ -1,25 +1,9 @@
 """The loss forecaster ("RSSM-lite" in the seed): a tiny GRU that forecasts the training loss online.
 
-The model is trained online, one optimizer step at a time, on the recent loss history and forecasts the
-loss over the next ``horizon`` steps with a Gaussian predictive uncertainty. It keeps an honest score of
-its own one-step-ahead error against two naive baselines (last value, EMA of losses) measured on the same
-steps, and only calls itself :attr:`LossForecaster.trusted` when it beats both.
-
-Design notes:
-
-* Loss levels drift over training, so the GRU models normalised quantities (`LossLevels`): it predicts the
-  next step's *change* of loss divided by a running scale (EMA of absolute loss changes). Its inputs per
-  step are the normalised change, the normalised deviation of the loss from its EMA (lets it learn mean
-  reversion of noise), the log learning rate relative to its running value, the log grad norm relative to
-  its running value (or a missing flag), and a one-hot of the training phase.
-* The output is Gaussian (mean, clamped log-variance) trained with the Gaussian negative log-likelihood so
-  the forecast ``std`` is a calibrated-ish spread rather than a made-up number.
-* Everything runs on CPU in float32 with a private ``torch.Generator``: the model is tiny, CPU keeps it
-  bit-identical on every distributed rank, and the global torch RNG is never touched (the trainer relies on
-  RNG streams identical to the plain Trainer). Grad mode, inference mode and CPU autocast of the caller are
-  neither relied upon nor changed.
-
-This module is plain PyTorch + stdlib and must never import transformers.
+It scores its one-step error against two naive baselines (last value, EMA) on the same steps and is
+:attr:`LossForecaster.trusted` only when it beats both. Loss levels drift, so it models the normalised
+next change of loss (`LossLevels`), with a Gaussian NLL head so ``std`` is a calibrated-ish spread.
+CPU float32 with a private generator: bit-identical on every rank, the global RNG untouched. No transformers.
 """
 
 from __future__ import annotations
@@ -52,11 +36,8 @@ _CONFIG = ("hidden_size", "window", "learning_rate", "train_iters", "train_every
 
 @dataclass(frozen=True)
 class LossForecast:
-    """Forecast of the training loss for steps ``t+1 .. t+horizon``.
-
-    ``mean`` and ``std`` have one entry per step; ``std`` is always > 0. ``source`` is ``"gru"`` when the
-    model is trusted, otherwise the name of the best baseline (``"last_value"`` or ``"ema"``).
-    """
+    """Forecast for steps ``t+1 .. t+horizon`` (``std`` > 0); ``source``: ``"gru"`` when trusted, else
+    the best baseline (``"last_value"`` or ``"ema"``)."""
 
     mean: list[float]
     std: list[float]
@@ -81,8 +62,7 @@ def _row(d: float, dev: float, lr_rel: float, gn_rel: float, gn_missing: float, 
 
 
 def _relative(log_value: float | None, running: float | None) -> tuple[float, float | None]:
-    """A log value against its running mean (clipped), and the running mean moved towards it (a missing
-    value: 0, the mean unchanged)."""
+    """A log value against its running mean (clipped), and the mean moved towards it (missing: 0)."""
     if log_value is None:
         return 0.0, running
     running = log_value if running is None else running
@@ -149,9 +129,8 @@ class LossLevels:
 
 @dataclass
 class OneStepScores:
-    """The one-step forecasts of the GRU and of both baselines, each scored on the same steps:
-    exponentially weighted (~100-step memory) mean absolute errors, bias corrected (`err_acc / err_norm`),
-    so they follow regime changes of training instead of the early, untrained phase of the GRU."""
+    """The one-step forecasts of the GRU and both baselines, scored on the same steps by bias-corrected EMA
+    (~100 steps) absolute errors, which follow the training's regime changes."""
 
     pending: list[float] | None = None  # (gru, last value, ema), made at the previous step
     err_acc: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
@@ -178,9 +157,8 @@ class OneStepScores:
 
 
 class GaussianGRU:
-    """The GRU and its (mean, log-variance) head, initialised from a private seeded generator, and their
-    Adam. Built on the meta device and materialised uninitialised: nn.Module constructors would draw their
-    default init from the *global* RNG, which must stay untouched."""
+    """The GRU, its (mean, log-variance) head and their Adam, built on meta and initialised from a private
+    generator: nn.Module constructors would draw from the *global* RNG, which must stay untouched."""
 
     def __init__(self, hidden_size: int, learning_rate: float, seed: int) -> None:
         self.generator = torch.Generator(device="cpu")
@@ -206,8 +184,7 @@ class GaussianGRU:
         return y[..., 0], y[..., 1].clamp(_LOGVAR_MIN, _LOGVAR_MAX), h
 
     def train(self, features: torch.Tensor, iters: int) -> None:
-        """`iters` Adam steps of Gaussian NLL on the window: inputs rows[:-1], targets rows[1:, 0]; each
-        step is trained as one sequence from a zero hidden state (truncated BPTT over the window)."""
+        """`iters` Adam steps of Gaussian NLL on the window (inputs rows[:-1], targets rows[1:, 0])."""
         x = features[:-1].unsqueeze(0)
         target = features[1:, 0].unsqueeze(0)
         with torch.enable_grad():
@@ -253,12 +230,8 @@ class GaussianGRU:
 
 
 class LossForecaster:
-    """Online GRU forecaster of the training loss with honest self-scoring against naive baselines.
-
-    Call :meth:`observe` once per optimizer step and :meth:`forecast` whenever a forecast is needed.
-    :meth:`errors` reports the running mean absolute one-step-ahead errors of the GRU and both baselines,
-    all scored on exactly the same steps (`OneStepScores`).
-    """
+    """Online GRU forecaster of the training loss: :meth:`observe` once per optimizer step,
+    :meth:`forecast` when needed; :meth:`errors` scores it against the baselines."""
 
     def __init__(
         self,
@@ -295,13 +268,8 @@ class LossForecaster:
         return self.levels.count
 
     def observe(self, loss: float, learning_rate: float, grad_norm: float | None, phase_index: int) -> None:
-        """Record one optimizer step (mean batch ``loss``, ``learning_rate`` used, ``grad_norm`` or None).
-
-        First scores the one-step forecasts made at the previous step against ``loss``, then appends it and
-        runs ``train_iters`` Adam steps on the recent window. A non-finite loss is rejected (counted in
-        ``rejected``, not stored, not trained on) and the pending forecasts are dropped, since the next
-        finite loss would be two steps ahead and scoring it as one-step would be dishonest.
-        """
+        """Score the pending forecasts against ``loss``, append it and train. A non-finite loss is rejected
+        and drops the pending forecasts (the next finite loss would be two steps ahead)."""
         phase = int(phase_index)
         if not 0 <= phase < _NUM_PHASES:
             raise ValueError(f"phase_index must be in [0, {_NUM_PHASES - 1}], got {phase_index}")
@@ -325,13 +293,8 @@ class LossForecaster:
                 self.scores.pending = [levels.last_loss + mu * levels.scale, levels.last_loss, levels.ema]
 
     def forecast(self, horizon: int) -> LossForecast:
-        """Forecast the loss for the next ``horizon`` steps.
-
-        Trusted: autoregressive roll-out of the GRU (predicted mean change fed back as the next input, lr,
-        grad norm and phase held at their last values), ``std`` from the accumulated predicted variances.
-        Not trusted (or fewer than ``min_history`` losses): the best baseline held constant, with ``std``
-        from its measured error (or, early on, from the spread of recent loss changes) growing like sqrt(k).
-        """
+        """Trusted: the GRU rolled out autoregressively, ``std`` from the summed variances. Else the best
+        baseline held constant, ``std`` from its measured error growing like sqrt(k)."""
         if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
             raise ValueError(f"horizon must be an integer >= 1, got {horizon!r}")
         if self.levels.count == 0:
@@ -353,8 +316,7 @@ class LossForecaster:
         return LossForecast(mean=[value] * horizon, std=[base * s for s in sqrt_k], source=source)
 
     def next_loss(self) -> float | None:
-        """One-step forecast mean, without a roll-out: `observe` already computed the GRU's (this runs
-        every optimizer step, so the GRU forward is not paid twice). None before any loss."""
+        """One-step forecast mean, reusing the GRU's from `observe` (not paid twice); None before any loss."""
         if self.levels.count == 0:
             return None
         pending = self.scores.pending
@@ -407,15 +369,10 @@ class LossForecaster:
         return [*self.model.tensors(), self.features]
 
     def nbytes(self) -> int:
-        """Bytes held in tensors: weights, Adam state and the feature history."""
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
     def state_dict(self) -> dict[str, Any]:
-        """Flat dict of tensors and plain scalars/lists from which the model continues bit-identically.
-
-        Tensor entries (weights, Adam moments/steps, feature history, generator state) can go to
-        safetensors; the rest are JSON-serialisable Python scalars and lists.
-        """
+        """Flat dict of tensors (for safetensors) and JSON-able scalars; continues bit-identically."""
         return {
             **{f"config.{key}": getattr(self, key) for key in (*_CONFIG, "seed")},
             **self.model.state_dict(),

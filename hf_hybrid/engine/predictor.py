@@ -1,13 +1,7 @@
 """Weight-delta predictors: guess the next optimizer updates from the real ones seen so far.
 
-Every predictor observes the *real* update of each real optimizer step (a dict name -> fp32 tensor)
-and, asked for the update `steps_ahead` steps after the last real one, returns a dict of the same
-shapes (or None for "no update"). Buffers are fp32 whatever the model dtype, so small updates are not
-rounded away, and are keyed by parameter name, never by `id()`.
-
-Bring your own: subclass `DeltaPredictor` and `register_predictor("name", MyPredictor)`; the name is then
-valid for `hybrid_predictor` (also on the command line), or pass an instance to
-`HybridHFTrainer(predictor=...)` / `HybridEngine(predictor=...)`.
+Buffers are fp32 whatever the model dtype (small updates are not rounded away) and keyed by parameter
+name, never by `id()`. Bring your own: subclass `DeltaPredictor` and register it (docs/extending.md).
 """
 
 from __future__ import annotations
@@ -27,43 +21,29 @@ Deltas = dict[str, torch.Tensor]
 
 
 class DeltaPredictor(ABC):
-    """What the engine asks of a predictor.
+    """What the engine asks of a predictor (the contract).
 
-    - `observe(deltas)`: after every real step the engine observes (every step while awake; every
-      `dormant_every`-th step, with the update averaged per step, while dormant), `deltas[name]` is the
-      real fp32 update of trainable parameter `name` for one step. Never called in predict steps.
-    - `predict(steps_ahead)`: the update expected `steps_ahead` (>= 1) steps after the last real one, as
-      {name: tensor shaped like the parameter} for any subset of the parameters, or None (no update). The
-      engine scores it against the real update in FULL steps and applies it (scaled by the corrector,
-      clipped to the trust region, refused whole if not finite or wrongly shaped) in PREDICT steps. It
-      must not change the parameters or the optimizer itself.
-    - `reset()`: forget everything; called after the predictor's output was refused or raised.
-    - `tensors()` / `load_tensors()` and `extra_state()` / `load_extra_state()`: the checkpointed state
-      (flat-named tensors for safetensors; JSON-able scalars). Resume must continue bit for bit.
-    - Memory: whatever buffers it keeps count against the engine's bytes (`nbytes`, reported in
-      `hybrid_stats()`); keep it O(1) per trainable parameter. `observed` counts observed updates; the
-      engine opens no predict phase before `min_history` of them.
-    A predictor built by name gets `**predictor_kwargs`; one with `needs_optimizer = True` also gets
-    `params=` (name -> parameter), `optimizer=` (the real torch optimizer) and `sample=` (below).
+    - `observe(deltas)`: after each real step the engine observes (every step awake; every
+      `dormant_every`-th, averaged per step, dormant): `deltas[name]`, the real fp32 one-step update.
+    - `predict(steps_ahead)`: the update `steps_ahead` (>= 1) steps after the last real one, as {name:
+      tensor shaped like the parameter} for any subset, or None. Scored in FULL steps, applied (scaled,
+      clipped, refused whole if not finite or misshaped) in PREDICT steps; it must change nothing itself.
+    - `reset()`: forget everything (after its output was refused or raised).
+    - `tensors()`/`load_tensors()`, `extra_state()`/`load_extra_state()`: the checkpointed state (flat-named
+      tensors; JSON-able scalars); resume must continue bit for bit.
+    - Its buffers count in the engine's bytes (`nbytes`): keep them O(1) per parameter. No predict phase
+      opens before `min_history` `observed` updates.
+    Built by name it gets `**predictor_kwargs`; with `needs_optimizer = True` also `params=`, `optimizer=`
+    and `sample=`.
 
-    While its confidence is far below the threshold the engine sleeps: it builds the predictor for a
-    `CoordinateSample` of each parameter, and `observe`/`predict` then see 1-D tensors of the sampled
-    coordinates instead of parameter-shaped ones (a predictor with `needs_optimizer` reads its inputs at
-    `sample.gather(name, tensor)`). Element-wise and shape-agnostic predictors need nothing for this; one
-    that needs the full shapes sets `supports_sampling = False`, and the engine then never sleeps.
-
-    With sharded parameters (FSDP2) `observe`/`predict` see this rank's shard of each tensor (what
-    `sharding.local` returns), and the prediction is written into that shard. That is exact for a
-    predictor whose guess for a coordinate uses only that coordinate's history; one that mixes
-    coordinates of a tensor (a norm, a Gram matrix) would guess differently per shard than whole, so it
-    sets `supports_sharding = False` and the engine refuses it under sharding. The engine scores every
-    guess on the sample of the coordinates: a `supports_sharding` predictor is also built on the sample
-    as a twin that does the scoring (it guesses there what the full one does), for any other the full
-    guess is gathered at the sample.
-
-    A predictor that does not read the real updates — it only counts them, or reads the optimizer's state
-    — sets `needs_deltas = False`: it is then passed an empty mapping, and the awake engine keeps no
-    full-size copy of the parameters to compute the updates for it.
+    A sleeping engine builds it on a `CoordinateSample`: `observe`/`predict` see 1-D tensors of the sampled
+    coordinates (a `needs_optimizer` one reads at `sample.gather(name, tensor)`); one that needs full
+    shapes sets `supports_sampling = False` and the engine never sleeps. Under FSDP2 it sees this rank's
+    shard (`sharding.local`): exact only if each coordinate's guess uses that coordinate's history alone,
+    else set `supports_sharding = False` (refused under sharding). Guesses are scored on the sample: a
+    `supports_sharding` predictor also gets a twin built there, any other's guess is gathered at it.
+    One that does not read the real updates sets `needs_deltas = False`: it gets an empty mapping, and the
+    awake engine keeps no full-size copy of the parameters for it.
     """
 
     name: ClassVar[str]
@@ -73,8 +53,7 @@ class DeltaPredictor(ABC):
     supports_sharding: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A subclass that sets no `name` is called by its class name until it is registered: an instance
-        passed to the engine needs no registration, but its checkpoint and `hybrid_stats()` name it."""
+        """A subclass without a `name` is named by its class until registered (checkpoints name it)."""
         super().__init_subclass__(**kwargs)
         if not hasattr(cls, "name"):
             cls.name = cls.__qualname__
@@ -132,10 +111,7 @@ _BUILTIN: set[str] = set()
 def register_predictor(
     name: str, cls: type[DeltaPredictor], *, override: bool = False
 ) -> type[DeltaPredictor]:
-    """Make `cls` available as `hybrid_predictor=name`; returns `cls`.
-
-    A name already taken (a built-in, or an earlier registration) is refused unless `override=True`.
-    """
+    """Make `cls` available as `hybrid_predictor=name`; a taken name is refused unless `override=True`."""
     if not isinstance(name, str) or not name or name == AUTO:
         raise ValueError(f"a predictor name must be a non-empty string other than {AUTO!r}, got {name!r}")
     if not (isinstance(cls, type) and issubclass(cls, DeltaPredictor)):
@@ -177,8 +153,7 @@ INJECTED_ARGUMENTS = ("params", "optimizer", "sample")  # what `build_predictor`
 
 
 def constructor_arguments(name: str) -> list[str] | None:
-    """The keyword arguments a predictor's constructor takes from `predictor_kwargs` (None: any, it has
-    `**kwargs`); the ones the engine passes itself are left out."""
+    """The keyword arguments a predictor takes from `predictor_kwargs` (None: any, it has `**kwargs`)."""
     parameters = list(inspect.signature(predictor_class(name).__init__).parameters.values())[1:]
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         return None
@@ -193,10 +168,8 @@ def _builtin(cls: type[DeltaPredictor]) -> type[DeltaPredictor]:
 
 
 def resolve_predictor_name(name: str, optimizer: torch.optim.Optimizer | None) -> str:
-    """`auto`: the Adam replay when the optimizer is a plain torch Adam/AdamW (it keeps no buffer of its
-    own, so the engine stays at 1x the trainable bytes), the EMA of updates for any other optimizer.
-    Not the default: the replay's high skill keeps the engine scoring every step, which cost +18% time
-    on a MiniLM full fine-tune on CPU where the EMA's engine sleeps (+2%)."""
+    """`auto`: the Adam replay (no buffer of its own) for a plain torch Adam/AdamW, else the EMA. Not the
+    default: the replay's high skill keeps the engine awake (+18% time on MiniLM on CPU, EMA +2%)."""
     if name != AUTO:
         return name
     return AdamReplayPredictor.name if AdamReplayPredictor.supports(optimizer) else EMAPredictor.name
@@ -209,8 +182,7 @@ def build_predictor(
     sample: CoordinateSample | None = None,
     **kwargs: Any,
 ) -> DeltaPredictor:
-    """A registered predictor; those that read the optimizer (`needs_optimizer`) get params, optimizer and
-    the coordinate sample (None: the whole parameters)."""
+    """A registered predictor; `needs_optimizer` ones get params, optimizer and the coordinate sample."""
     cls = predictor_class(name)
     if cls.needs_optimizer:
         if optimizer is None or params is None:
@@ -244,11 +216,8 @@ class NullPredictor(DeltaPredictor):
 
 @_builtin
 class EMAPredictor(DeltaPredictor):
-    """Bias-corrected EMA of the real updates, damped by `decay` per predicted step.
-
-    Why damped: with no new gradient, Adam's first moment would shrink by beta1 per step, so an
-    undamped replay of the recent update overshoots (measured: loss spikes at horizons > 4).
-    """
+    """Bias-corrected EMA of the real updates, damped by `decay` per predicted step: with no new gradient
+    Adam's first moment shrinks too, and an undamped replay overshoots (loss spikes at horizons > 4)."""
 
     name = "ema"
 
@@ -292,12 +261,8 @@ class EMAPredictor(DeltaPredictor):
 
 @_builtin
 class AdamReplayPredictor(DeltaPredictor):
-    """The optimizer's own next step with no new gradient: Adam/AdamW moments decayed, state untouched.
-
-    With no gradient for k steps, m decays by beta1**k and v by beta2**k, so the update is
-    -lr * m_hat / (sqrt(v_hat) + eps) (plus AdamW's decoupled decay) at step t + k, read from the
-    optimizer's live state and learning rate. It keeps no buffer of its own (zero extra memory).
-    """
+    """The optimizer's own next step with no new gradient: m and v decayed by beta1**k, beta2**k, the
+    update -lr * m_hat / (sqrt(v_hat) + eps) (+ AdamW's decay), read from the live state; no buffer."""
 
     name = "adam"
     needs_optimizer = True
@@ -369,13 +334,8 @@ class AdamReplayPredictor(DeltaPredictor):
 def delta_dot_products(
     predicted: Mapping[str, torch.Tensor] | None, real: Mapping[str, torch.Tensor]
 ) -> tuple[float, float, float]:
-    """(<p, d>, <p, p>, <d, d>) summed over all tensors, in float64, read back with one device sync.
-
-    The engine scores guesses on the sampled coordinates (a fraction of a percent of the parameters), so
-    all tensors go into one float64 vector: three dot products instead of three per tensor (the Python
-    overhead per tensor is what a small model pays for), and no float32 overflow to guard against.
-    A parameter the guess leaves out counts as a zero guess.
-    """
+    """(<p, d>, <p, p>, <d, d>) over all tensors in one float64 vector (three dot products, not three per
+    tensor; no float32 overflow), read back with one sync. A parameter the guess leaves out counts as zero."""
     if not real:
         return 0.0, 0.0, 0.0
     device = next(iter(real.values())).device  # a model split over devices is gathered onto one
