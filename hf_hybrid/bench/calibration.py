@@ -1,13 +1,8 @@
 """The price of each kind of step on this task and machine, measured, in forward-pass units.
 
-One unit is the time of a forward pass over a training batch (under `no_grad`, in train mode: what a
-checked predicted step and a selective step's scoring pass run). A plain step (forward, backward,
-optimizer) costs what it measures, not the 3 units of the textbook rule: on a small CPU model the
-backward costs 0.64 forwards. A blind step (no pass over the model) costs 0 units: what it does spend
-(an update of the weights) shows in the time column. A method's own kinds are priced by running the
-method itself for a few steps (`Method.calibration_variant`). On a task priced per token
-(`methods.base.prices_tokens`) each timed kind also gets a price per token: its timed steps' seconds over
-the tokens they processed, padding included.
+One unit is a no-grad forward over a training batch; a plain step costs what it measures (not the
+textbook's 3), a blind step 0 (its update shows in time), a method's own kinds what running it costs
+(`Method.calibration_variant`). On a task priced per token each kind also gets a price per token.
 """
 
 from __future__ import annotations
@@ -50,8 +45,7 @@ class Calibration:
         self.errors[kind] = relative_error(seconds)
 
     def price_tokens(self, kind: str, seconds: Sequence[float], tokens: Sequence[int]) -> None:
-        """Set a token kind's price from timed steps: their seconds over their tokens (the error: that of
-        the mean of the per-step prices)."""
+        """Set a token kind's price from timed steps: their seconds over their tokens."""
         self.step_seconds[kind] = sum(seconds) / sum(tokens)
         self.errors[kind] = relative_error([s / n for s, n in zip(seconds, tokens, strict=True)])
 
@@ -91,8 +85,8 @@ def calibrate(
     seed: int = 0,
     failures: dict[str, str] | None = None,
 ) -> Calibration:
-    """Price the forward pass, the plain step and every method's own kinds (those not priced yet). A
-    method whose steps raise while being timed is left unpriced, its error in `failures` (by spec)."""
+    """Price the forward pass, the plain step and every method's own kinds not priced yet; a method whose
+    steps raise is left unpriced, its error in `failures`."""
     if known is None:
         forward = _forward_seconds(task, seed, warm_steps, timed_steps)
         known = Calibration(statistics.fmean(forward), errors={FORWARD: relative_error(forward)})
@@ -146,8 +140,7 @@ def _price_kind(
 def _step_seconds(
     task: BenchTask, method: Method, seed: int, warm: int, timed: int
 ) -> tuple[list[float], list[int]]:
-    """The times of a method's optimizer steps after `warm` untimed ones, and the tokens each trained on
-    (0 where the Trainer does not count them)."""
+    """The times of a method's steps after `warm` untimed ones, and each one's tokens (0: not counted)."""
     timer = StepTimer()
     with tempfile.TemporaryDirectory() as tmp:
         trainer = quiet(method.build(_context(task, seed, warm + timed, tmp, timer)))
@@ -156,7 +149,7 @@ def _step_seconds(
 
 
 def _forward_seconds(task: BenchTask, seed: int, warm: int, timed: int) -> list[float]:
-    """The times of no-grad forward passes (train mode) over training batches, as the Trainer feeds them."""
+    """The times of no-grad forward passes (train mode) over training batches."""
     cuda = torch.cuda.is_available()
     clock = time.perf_counter if cuda else time.process_time
     with tempfile.TemporaryDirectory() as tmp:

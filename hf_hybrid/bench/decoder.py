@@ -1,15 +1,9 @@
 """A pretrained decoder that exists offline: a byte-level GPT-2 pretrained here on the standard library.
 
-The arena's decoder fine-tune tasks need what users fine-tune — a *pretrained* causal LM loaded with
-`from_pretrained` — without a download. This module pretrains one, deterministically (seed 0, one torch
-thread, the plain `Trainer`), on the Python standard library's source (its documentation package
-`pydoc_data` left out: that is the fine-tune text), and saves it with `save_pretrained` under the user's
-cache directory, in a folder named by a hash of the recipe and the corpus. The first use builds it
-(about 12 minutes of one CPU core for the default recipe); `python -m hf_hybrid.bench.decoder` rebuilds it.
-
-The fine-tune text is Python's own reference documentation (`pydoc_data.topics`: 79 topics of English
-prose and grammar, ~465 KB, on every Python installation), split into train and eval by a hash of the
-topic's name.
+The decoder tasks need a *pretrained* causal LM without a download: this pretrains one deterministically
+on the stdlib's source (without `pydoc_data`, the fine-tune text: Python's reference documentation) and
+caches it, named by a hash of the recipe and corpus (first use: ~12 CPU minutes; `python -m
+hf_hybrid.bench.decoder` rebuilds it).
 """
 
 from __future__ import annotations
@@ -59,6 +53,11 @@ class Recipe:
 TINY_RECIPE = Recipe(
     n_layer=2, n_embd=32, n_head=2, seq_len=32, batch_size=4, steps=12, warmup_steps=2, train_blocks=64
 )
+
+
+def recipe_for(seq_len: int) -> Recipe:
+    """The tests' tiny recipe for their sequence length, else the default."""
+    return TINY_RECIPE if seq_len == TINY_RECIPE.seq_len else Recipe()
 
 
 def pretraining_blocks(recipe: Recipe) -> list[list[int]]:
@@ -154,8 +153,8 @@ def _pretraining_arguments(recipe: Recipe, output_dir: str) -> TrainingArguments
 
 
 def docs_blocks(seq_len: int, train_blocks: int, eval_blocks: int) -> tuple[Any, Any, list[int]]:
-    """(train, eval, each eval block's chunk) byte blocks of Python's reference documentation: every
-    topic's blocks in contiguous chunks of 4, one chunk in 4 held out for evaluation."""
+    """(train, eval, each eval block's chunk) byte blocks of Python's reference documentation, one chunk
+    of 4 blocks in 4 held out."""
     documents = []
     for name in sorted(topics):
         raw = topics[name].encode("utf-8") + b"\n\n"
@@ -175,7 +174,7 @@ def docs_blocks(seq_len: int, train_blocks: int, eval_blocks: int) -> tuple[Any,
 
 
 def pretrained_decoder(recipe: Recipe, seed: int, lora: bool) -> torch.nn.Module:
-    """The cached decoder through `from_pretrained`, with LoRA adapters on the attention drawn from `seed`."""
+    """The cached decoder through `from_pretrained`, with LoRA adapters drawn from `seed`."""
     model = AutoModelForCausalLM.from_pretrained(decoder_path(recipe))
     if lora:
         torch.manual_seed(seed)

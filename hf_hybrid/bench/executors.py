@@ -1,15 +1,6 @@
-"""Who runs the arena's specs: this process, a pool of local worker processes, or a Ray cluster.
-
-Every executor takes `RunSpec`s and gives back, per spec, its `Measured` or the error that stopped it.
-The protocol's decisions stay in the coordinator (`arena.py`), which alone writes the record.
-
-- `InProcess`: one run at a time, here (the default; what the tests and `--workers` omitted use).
-- `LocalPool(n)`: each run in a fresh process forked from a server that has the libraries imported (a
-  crash or an OOM kill costs that run only), n at a time; on CUDA worker i sees GPU i only, on CPU it is
-  pinned to its share of the cores with as many torch threads (fewer where `OMP_NUM_THREADS` says so:
-  the thread count changes a CPU run's last digits, so records compare run by run at equal threads).
-- `RayExecutor(address)`: each run a Ray task (`num_gpus=1` where there are GPUs, else `num_cpus` of the
-  share), in a fresh worker process; the task is rebuilt there from its recipe.
+"""Who runs the arena's specs: this process (`InProcess`), local worker processes (`LocalPool`: each run
+forked fresh, a GPU or a share of the cores each) or a Ray cluster (`RayExecutor`). Each gives back a
+spec's `Measured` or its error; the coordinator (`arena.py`) alone decides and writes the record.
 """
 
 from __future__ import annotations
@@ -49,17 +40,15 @@ class Finished:
 class Executor(Protocol):
     workers: int
 
-    def submit(self, spec: RunSpec) -> str:
-        """Start `spec`; returns the name of the worker that runs it."""
+    def submit(self, spec: RunSpec) -> str: ...  # start `spec`; the name of the worker that runs it
 
-    def wait(self) -> list[Finished]:
-        """Block until at least one submitted run has finished; return those that have."""
+    def wait(self) -> list[Finished]: ...  # block until at least one run has finished; those that have
 
     def close(self) -> None: ...
 
 
 class InProcess:
-    """Runs each spec here, when `wait` is called: no parallelism, no process start-up."""
+    """Runs each spec here, when `wait` is called."""
 
     workers = 1
 
@@ -95,7 +84,7 @@ def _error_text(exc: BaseException) -> str:
 
 
 def _child(spec: dict[str, Any], recipe: dict[str, Any], result: str, env: dict[str, str]) -> None:
-    """One run in a fresh process: its device or cores, its task built from the recipe."""
+    """One run in a fresh process, on its device or cores, its task built from the recipe."""
     os.environ.update(env)
     cores = env.get("HF_HYBRID_CORES")
     if cores and hasattr(os, "sched_setaffinity"):
@@ -219,7 +208,7 @@ RAY_INSTALL = 'pip install "hf-hybrid[ray]"'
 
 
 def check_ray_address(address: str) -> None:
-    """Fail fast, naming the address, when a `host:port` cannot be reached (Ray would retry for minutes)."""
+    """Fail fast when a `host:port` cannot be reached (Ray would retry for minutes)."""
     if address in ("auto", "local") or address.startswith("ray://") and ":" not in address[6:]:
         return
     target = address[6:] if address.startswith("ray://") else address
@@ -233,8 +222,7 @@ def check_ray_address(address: str) -> None:
 
 
 class RayExecutor:
-    """Each spec a Ray task on the cluster at `address` (`local`: a cluster started here; None: the Ray
-    session this process already has)."""
+    """Each spec a Ray task on the cluster at `address` (`local`: started here; None: the session's)."""
 
     def __init__(self, task: BenchTask, address: str | None, cuda_devices: int) -> None:
         try:

@@ -1,19 +1,9 @@
 """`instruct_docstrings`: an instruction fine-tune whose examples vary in length the way real ones do.
 
-Each example is a pair from the Python standard library's own source: the prompt a function's or class's
-signature (`def name(args) -> ret:`, `class Name(bases):`, then a newline), the response its docstring's
-first paragraph, ended by the decoder's end-of-text byte (0). The loss is on the response only (the
-prompt's labels are -100). The lengths are the source's: most summaries are one short line, some run to
-several, and a pair longer than `seq_len` is cut there, as a tokenizer's truncation does; a pair whose
-prompt alone takes more than half of `seq_len` is left out (no room for an answer).
-
-The model is the arena's pretrained byte-level decoder (`decoder.py`). Its pretraining read the sorted
-standard-library source up to a cut; the pairs come only from the files after it, which it never saw.
-Files go to train or eval by a hash of their path, so the eval examples are held out by document, and
-`eval_clusters` numbers each eval example's file.
-
-Plain is what a user gets by default: the `Trainer` with each batch padded to its longest example
-(`PadToLongest`), and the task is priced per token processed, padding included (`methods/base.py`).
+Each example: a stdlib function's or class's signature (the prompt, labels -100), then its docstring's
+first paragraph and the end-of-text byte 0, cut at `seq_len`, from files the pretrained decoder
+(`decoder.py`) never saw; files go to train or eval by a hash of their path. Batches are padded to their
+longest example (`PadToLongest`) and the task is priced per token.
 """
 
 from __future__ import annotations
@@ -31,7 +21,7 @@ from datasets import Dataset
 from torch import nn
 
 from ..data import stdlib_source_files
-from .decoder import FINE_TUNE_PACKAGE, TINY_RECIPE, Recipe, pretrained_decoder
+from .decoder import FINE_TUNE_PACKAGE, Recipe, pretrained_decoder, recipe_for
 from .methods.packing import IGNORE, PadToLongest, length_spread
 from .task import BenchTask
 
@@ -74,8 +64,7 @@ def docstring_pairs(path: Path, document: str) -> list[Pair]:
 
 
 def unseen_files(recipe: Recipe | None = None) -> list[Path]:
-    """The standard-library files after those the decoder's pretraining read (its blocks are taken from
-    the sorted files in turn until it has `train_blocks`; the file it stopped in counts as read)."""
+    """The standard-library files after those the decoder's pretraining read (the last one counts as read)."""
     recipe = recipe or Recipe()
     files = stdlib_source_files()
     blocks = 0
@@ -115,9 +104,8 @@ def all_pairs() -> tuple[Pair, ...]:
 
 @lru_cache(maxsize=4)
 def instruct_split(size: Any) -> tuple[Any, Any, tuple[int, ...], tuple[str, ...]]:
-    """(train, eval, each eval example's document number, the eval documents' names) at `size`: the
-    examples cut at `seq_len`; train shuffled (seed 0) and cut to `train_examples`; eval a seeded sample
-    of `eval_examples`, in file order."""
+    """(train, eval, each eval example's document number, the eval documents' names) at `size`; eval a
+    seeded sample, in file order."""
     train: list[dict[str, list[int]]] = []
     held_out: list[tuple[dict[str, list[int]], str]] = []
     for pair in all_pairs():
@@ -151,14 +139,11 @@ def eval_clusters(size: Any) -> list[int]:
 
 
 def instruct_model(size: Any, seed: int) -> nn.Module:
-    return pretrained_decoder(
-        TINY_RECIPE if size.seq_len == TINY_RECIPE.seq_len else Recipe(), seed, lora=False
-    )
+    return pretrained_decoder(recipe_for(size.seq_len), seed, lora=False)
 
 
 def finish_instruct(task: BenchTask, size: Any) -> None:
-    """What the preset adds to its `BenchTask`: per-batch padding (and so a price per token), each eval
-    example's document, and the length spread in the record."""
+    """Per-batch padding (so a price per token), each eval example's document, the length spread."""
     task.data_collator = PadToLongest(pad_token_id=EOS)
     task.eval_clusters = eval_clusters(size)
     spread = length_spread([len(ids) for ids in task.train["input_ids"]], size.batch_size)

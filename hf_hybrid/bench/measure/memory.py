@@ -1,10 +1,6 @@
-"""What an object really holds in memory, measured by walking its live object graph.
-
-Counted: the storage of every tensor it references (once per storage, by device) and the Python
-objects themselves (`sys.getsizeof`). Not counted: objects passed in `exclude` and everything they hold
-(the model's parameters and the optimizer, which the engine only references), callables (a probe
-closure would lead back to the trainer) and modules. This is the engine's retained memory between
-steps; transient buffers inside a step are not seen here (on CUDA the device peak covers them).
+"""What an object holds in memory, by walking its live object graph: every tensor storage it references
+(once, by device) and the Python objects (`sys.getsizeof`); not what `exclude` holds, callables (a probe
+closure leads back to the trainer) or modules.
 """
 
 from __future__ import annotations
@@ -80,8 +76,7 @@ def retained_bytes(root: Any, exclude: Iterable[Any] = ()) -> RetainedBytes:
 
 
 def _tensors_of(obj: Any) -> list[torch.Tensor]:
-    """The tensors an excluded object owns: a tensor itself, a module's parameters and buffers, an
-    optimizer's state, a mapping's values."""
+    """The tensors an excluded object owns (a module's parameters, an optimizer's state, ...)."""
     if isinstance(obj, torch.Tensor):
         return [obj]
     if isinstance(obj, torch.nn.Module):
@@ -97,8 +92,7 @@ def _tensors_of(obj: Any) -> list[torch.Tensor]:
 
 
 def engine_retained_bytes(engine: Any) -> RetainedBytes:
-    """The hybrid engine's own memory: everything it holds except the model's parameters, the optimizer
-    (and its state) and the probe it was given."""
+    """The hybrid engine's own memory: all but the model's parameters, the optimizer and the probe."""
     exclude = [engine.params, *engine.params.values(), engine.probe]
     optimizer = engine.optimizer
     while optimizer is not None:  # accelerate's wrapper, and the torch optimizer inside it
