@@ -57,10 +57,8 @@ def _task_flags(bench: argparse.ArgumentParser) -> None:
     task.add_argument(
         "--max_length", type=int, default=128, help="tokens per example/block (default: %(default)s)"
     )
-    task.add_argument(
-        "--max_train_samples", type=int, default=None, help="use at most this many training rows"
-    )
-    task.add_argument("--max_eval_samples", type=int, default=None, help="use at most this many eval rows")
+    task.add_argument("--max_train_samples", type=int, help="use at most this many training rows")
+    task.add_argument("--max_eval_samples", type=int, help="use at most this many eval rows")
     task.add_argument(
         "--lm_examples",
         choices=("blocks", "rows"),
@@ -70,20 +68,16 @@ def _task_flags(bench: argparse.ArgumentParser) -> None:
     )
     task.add_argument(
         "--prompt_column",
-        default=None,
         help="causal_lm: each row a prompt (its labels -100) and its --text_column answer (implies rows)",
     )
     task.add_argument("--task_factory", metavar="MODULE:FUNCTION", help="a function returning a BenchTask")
     budget = bench.add_argument_group("budget (your task; a preset has its own)")
-    budget.add_argument(
-        "--max_steps", type=int, default=None, help="optimizer steps of a full run (default: 200)"
-    )
-    budget.add_argument("--per_device_train_batch_size", type=int, default=None, help="default: 8")
-    budget.add_argument("--per_device_eval_batch_size", type=int, default=None, help="default: 32")
+    budget.add_argument("--max_steps", type=int, help="optimizer steps of a full run (default: 200)")
+    budget.add_argument("--per_device_train_batch_size", type=int, help="default: 8")
+    budget.add_argument("--per_device_eval_batch_size", type=int, help="default: 32")
     budget.add_argument(
         "--learning_rate",
         type=float,
-        default=None,
         help="the plain sweep's centre (default: set by a learning-rate range test on your task)",
     )
 
@@ -95,32 +89,27 @@ def _protocol_flags(bench: argparse.ArgumentParser) -> None:
         "--lr_multipliers",
         nargs="+",
         type=float,
-        default=None,
         help="every race's first rates (plain's and each method's), x its centre, x2 apart "
         f"(default: {' '.join(f'{r:g}' for r in rules.FIRST_RATES)}; widened at an edge)",
     )
     protocol.add_argument(
         "--widen",
         type=int,
-        default=None,
         help=f"rates a race may add beyond its first ones, per side (default: {rules.MAX_WIDENINGS})",
     )
     protocol.add_argument(
         "--cooldown_fraction",
         type=float,
-        default=None,
         help=f"each budget's decay, as a fraction of its steps, in (0, 0.5] (default: {rules.COOLDOWN:g})",
     )
     protocol.add_argument(
         "--decay_shape",
         choices=("1-sqrt", "linear", "cosine"),
-        default=None,
         help=f"the cooldown's shape (default: {rules.DECAY})",
     )
     protocol.add_argument(
         "--schedule",
         choices=("wsd", "separate"),
-        default=None,
         help="wsd: one trunk per rate with cooldown branches (checked once against the task's own "
         "schedule); separate: a complete run per budget with the task's own schedule (default: wsd)",
     )
@@ -132,7 +121,6 @@ def _judged_flags(bench: argparse.ArgumentParser) -> None:
     judged.add_argument(
         "--methods",
         nargs="+",
-        default=None,
         metavar="METHOD",
         help="methods to judge (default: plain hybrid null)",
     )
@@ -140,11 +128,10 @@ def _judged_flags(bench: argparse.ArgumentParser) -> None:
         "--seeds",
         nargs="+",
         type=int,
-        default=None,
         help="the first for everything; the others for plain's frontiers and for methods whose verdict "
         "they can change (default: 0)",
     )
-    judged.add_argument("--out", default=None, help="output folder (default: bench_results/<task>)")
+    judged.add_argument("--out", help="output folder (default: bench_results/<task>)")
     judged.add_argument(
         "--fresh",
         action="store_true",
@@ -159,7 +146,6 @@ def _scaling_flags(bench: argparse.ArgumentParser) -> None:
     scale.add_argument(
         "--workers",
         type=int,
-        default=None,
         help="runs at a time, each in its own process: one GPU each, or a share of the CPU cores "
         "(default: one run at a time in this process)",
     )
@@ -167,18 +153,13 @@ def _scaling_flags(bench: argparse.ArgumentParser) -> None:
         "--ray",
         nargs="?",
         const="auto",
-        default=None,
         metavar="ADDRESS",
         help="run each run as a Ray task: auto (the cluster this machine belongs to), local (start one here) "
         "or HOST:PORT / ray://HOST:PORT (needs pip install 'hf-hybrid[ray]')",
     )
     presets = bench.add_argument_group("built-in presets")
-    presets.add_argument(
-        "--suite", choices=SUITE_CHOICES, default=None, help="preset size and tasks (default: quick)"
-    )
-    presets.add_argument(
-        "--tasks", nargs="+", default=None, help="a subset of the suite's tasks, or other presets"
-    )
+    presets.add_argument("--suite", choices=SUITE_CHOICES, help="preset size and tasks (default: quick)")
+    presets.add_argument("--tasks", nargs="+", help="a subset of the suite's tasks, or other presets")
     presets.add_argument(
         "--hybrid",
         action="append",
@@ -208,7 +189,6 @@ def _tool_flags(bench: argparse.ArgumentParser) -> None:
     faults.add_argument(
         "--faults",
         nargs="*",
-        default=None,
         metavar="FAULT",
         help="measure instead what a loss spike costs: each method (default: plain and the hybrid trainer "
         "with its spike guard on) clean and with each fault injected at mid-run (default: lr_burst garbage "
