@@ -22,16 +22,15 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
         help="does a method make your fine-tune cheaper at the same eval loss? The plain Trainer (lr tuned, "
         "frontier of budgets) against every method you list, on your model and data",
         description="The arena: trains your task with the plain transformers.Trainer (one "
-        "warmup-stable-decay trunk per learning rate, a cooldown branch at 1/4, 1/2 and 3/4 of the "
-        "budget, the rates raced by successive halving, so each budget has its own tuned rate) and with "
-        "each method on the same "
-        "schedule, and reads each method's speed-up at equal eval loss off the plain frontier, in compute "
-        "units and time, with a verdict (wins / ties / loses) against the plain runs' seed noise. Writes "
-        "results.json, report.md and arena.png to --out; the same command again resumes.",
+        "warmup-stable-decay trunk per learning rate, a cooldown branch at 1/4, 1/2 and 3/4 of the budget, "
+        "the rates raced by successive halving, so each budget has its own tuned rate) and with each method "
+        "on the same schedule, and reads each method's speed-up at equal eval loss off the plain frontier, "
+        "in compute units and time, with a verdict (wins / ties / loses) against the plain runs' seed noise. "
+        "Writes results.json, report.md and arena.png to --out; the same command again resumes.",
         epilog="Methods: plain, hybrid[:field=value,...], hybrid-predict, null (adds each method's null "
         "control), freeze:k, selective-backprop[:keep=0.5,...], dropbp[:p=0.5], peft:lora, "
-        "args:field=value,..., "
-        "module.path:Name (a Trainer subclass or TrainerCallback). `--list_methods` describes them.",
+        "args:field=value,..., module.path:Name (a Trainer subclass or TrainerCallback). `--list_methods` "
+        "describes them.",
     )
     for add in (_task_flags, _judged_flags, _protocol_flags, _scaling_flags, _tool_flags):
         add(bench)

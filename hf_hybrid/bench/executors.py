@@ -74,13 +74,18 @@ class InProcess:
         self.pending.clear()
 
 
+def _check_recipe(task: BenchTask, where: str) -> None:
+    if task.recipe is None:
+        raise DataError(
+            f"{where} from its recipe; a task built in code has none: pass it with --task_factory "
+            "module:function"
+        )
+
+
 def _error_text(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
     return f"{type(exc).__name__}: {exc}{where}"
-
-
-# ---- local worker processes -------------------------------------------------------------------------
 
 
 def _child(spec: dict[str, Any], recipe: dict[str, Any], result: str, env: dict[str, str]) -> None:
@@ -89,9 +94,7 @@ def _child(spec: dict[str, Any], recipe: dict[str, Any], result: str, env: dict[
     cores = env.get("HF_HYBRID_CORES")
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
-
-    quiet_libraries()
-    torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
+    quiet_libraries()  # its torch threads: OMP_NUM_THREADS, now the slot's
     try:
         measured = run_spec(build_task(recipe), RunSpec.from_dict(spec))
         payload = {"measured": measured.to_dict()}
@@ -117,11 +120,7 @@ class LocalPool:
     def __init__(self, task: BenchTask, workers: int, cuda_devices: int) -> None:
         if workers < 1:
             raise DataError(f"`--workers` must be >= 1, got {workers}")
-        if task.recipe is None:
-            raise DataError(
-                "`--workers` runs each run in its own process, which builds the task from its recipe; a "
-                "task built in code has none: pass it with --task_factory module:function"
-            )
+        _check_recipe(task, "`--workers` runs each run in its own process, which builds the task")
         if cuda_devices and workers > cuda_devices:
             raise DataError(
                 f"`--workers` {workers} is more than the {cuda_devices} CUDA device(s) here: one run per "
@@ -194,13 +193,9 @@ class LocalPool:
             slot.spec = slot.process = None
 
 
-# ---- Ray ------------------------------------------------------------------------------------------------
-
-
 def _ray_run(spec: dict[str, Any], recipe: dict[str, Any]) -> dict[str, Any]:
     """One run as a Ray task, in a fresh worker process (`max_calls=1`)."""
     quiet_libraries()
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     return run_spec(build_task(recipe), RunSpec.from_dict(spec)).to_dict()
 
 
@@ -229,11 +224,7 @@ class RayExecutor:
             import ray
         except ImportError:
             raise DataError(f"`--ray` needs Ray: {RAY_INSTALL}") from None
-        if task.recipe is None:
-            raise DataError(
-                "`--ray` builds the task on the cluster from its recipe; a task built in code has none: pass "
-                "it with --task_factory module:function"
-            )
+        _check_recipe(task, "`--ray` builds the task on the cluster")
         if not ray.is_initialized():
             local = address in (None, "local")
             if not local:

@@ -7,7 +7,6 @@ too. The compute is kept as counts of kinds of step (`Method.step_counts`), pric
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import tempfile
@@ -43,9 +42,6 @@ class RunResult:
     trainable_bytes: int = 0
     engine_peak_bytes: int = 0  # the hybrid engine's largest state after any step
     device_peak_bytes: int | None = None  # torch.cuda.max_memory_allocated over the run (None on CPU)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 class _Timer(TrainerCallback):
