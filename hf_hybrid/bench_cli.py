@@ -118,10 +118,7 @@ def _judged_flags(bench: argparse.ArgumentParser) -> None:
     """What to judge, on which seeds, into which record."""
     judged = bench.add_argument_group("what to judge")
     judged.add_argument(
-        "--methods",
-        nargs="+",
-        metavar="METHOD",
-        help="methods to judge (default: plain hybrid null)",
+        "--methods", nargs="+", metavar="METHOD", help="methods to judge (default: plain hybrid null)"
     )
     judged.add_argument(
         "--seeds",

@@ -42,11 +42,7 @@ class PadToLongest:
             ids.append(tokens + [self.pad_token_id] * pad)
             mask.append([1] * len(tokens) + [0] * pad)
             labels.append(list(feature.get("labels", tokens)) + [IGNORE] * pad)
-        return {
-            "input_ids": torch.tensor(ids),
-            "attention_mask": torch.tensor(mask),
-            "labels": torch.tensor(labels),
-        }
+        return _tensors(input_ids=ids, attention_mask=mask, labels=labels)
 
 
 @dataclass
@@ -63,12 +59,8 @@ class ConcatenatedRows:
         pad = rows * self.row_length - len(ids)
         mask = [1] * len(ids) + [0] * pad
         ids, labels = ids + [self.pad_token_id] * pad, labels + [IGNORE] * pad
-        shape = (rows, self.row_length)
-        return {
-            "input_ids": torch.tensor(ids).view(shape),
-            "attention_mask": torch.tensor(mask).view(shape),
-            "labels": torch.tensor(labels).view(shape),
-        }
+        batch = _tensors(input_ids=ids, attention_mask=mask, labels=labels)
+        return {key: value.view(rows, self.row_length) for key, value in batch.items()}
 
 
 @dataclass
@@ -99,11 +91,11 @@ class PackedRows:
                 + [IGNORE] * free
             )
             positions.append([i for f in row for i in range(len(f["input_ids"]))] + list(range(free)))
-        return {
-            "input_ids": torch.tensor(ids),
-            "labels": torch.tensor(labels),
-            "position_ids": torch.tensor(positions),
-        }
+        return _tensors(input_ids=ids, labels=labels, position_ids=positions)
+
+
+def _tensors(**columns: list[Any]) -> dict[str, torch.Tensor]:
+    return {key: torch.tensor(value) for key, value in columns.items()}
 
 
 @dataclass(frozen=True)
@@ -143,11 +135,7 @@ def nothing_to_gain(task: BenchTask) -> str | None:
     spread = length_spread([len(ids) for ids in task.train["input_ids"]], task.batch_size)
     if spread.padding_share >= NOTHING_TO_GAIN:
         return None
-    blocks = (
-        ""
-        if task.data_collator is not None
-        else " (text cut into blocks; `--lm_examples rows` keeps a row each)"
-    )
+    blocks = "" if task.data_collator else " (text cut into blocks; `--lm_examples rows` keeps a row each)"
     return (
         f"nothing to gain from packing or length grouping: padding is {spread.padding_share:.1%} of plain's "
         f"batch tokens, the examples having {spread.quantiles['min']}-{spread.quantiles['max']} tokens"
@@ -171,9 +159,9 @@ class _LayoutMethod(Method):
         model, train, evaluation = ctx.task.build(ctx.seed)
         kwargs = ctx.trainer_kwargs(model, train, evaluation)
         kwargs["data_collator"] = self.collator(ctx)
-        evaluation_collator = ctx.task.data_collator or default_data_collator
+        args = ctx.training_arguments(**self.arguments())
         return TaskEvalTrainer(
-            args=ctx.training_arguments(**self.arguments()), eval_collator=evaluation_collator, **kwargs
+            args=args, eval_collator=ctx.task.data_collator or default_data_collator, **kwargs
         )
 
 
