@@ -155,8 +155,7 @@ def damages(record: dict[str, Any], arm: str, fault: str, seeds: list[int]) -> l
 
 
 def damage_table(records: dict[str, dict[str, Any]]) -> str:
-    """Per record and fault, on the seeds every arm ran: plain's mean damage and each guard's, with the
-    share of plain's it recovered (none where the fault did plain no harm)."""
+    """Per record and fault: plain's and each guard's mean damage (and share recovered) on shared seeds."""
     lines = [
         "| record | fault | seeds | plain | " + " | ".join(GUARD_ARMS) + " |",
         "|---|---|---|---|" + "---|" * len(GUARD_ARMS),

@@ -135,8 +135,7 @@ def record(
     eval_points: int = 1,
     variant: str | None = None,
 ) -> dict[str, Any]:
-    """One plain run's trace (`eval_points` matter: evaluation moves the random state); a corpus `variant`
-    is the task with its overrides."""
+    """One plain run's trace (evaluation moves the random state); a corpus `variant` has its overrides."""
     task = _task(task_name, size, variant)
     method = parse_method("plain")
     runner = method if fault == "clean" else Faulted(method, fault)
@@ -228,8 +227,7 @@ def detector_fires(trace: dict[str, Any]) -> list[int]:
 
 
 def update_check_fires(trace: dict[str, Any]) -> tuple[list[int], float] | None:
-    """The 1-based steps whose update the shipped `UpdateCheck` judges outsized, and the largest ratio of
-    those it leaves; None for a trace without update norms."""
+    """Steps whose update the shipped `UpdateCheck` judges outsized, and the largest ratio it leaves."""
     if "update_norms" not in trace:
         return None
     config = SpikeGuardConfig()
@@ -248,8 +246,7 @@ def update_check_fires(trace: dict[str, Any]) -> tuple[list[int], float] | None:
 
 
 def replay_guard(trace: dict[str, Any], fields: dict[str, Any], blamed: str) -> str:
-    """The shipped `SpikeGuard` over a trace as the engine drives it, its second measurement finding
-    `blamed` to blame; the skips and the first restore (1-based), where the replay stops."""
+    """The shipped `SpikeGuard` over a trace, `blamed` to blame: its skips and first restore (1-based)."""
     measured: dict[str, float] = {}
 
     def suspect_loss() -> float:
@@ -335,8 +332,7 @@ def _peer_actions(trace: dict[str, Any]) -> tuple[list[int], list[int]]:
 
 
 def false_alarm_table(traces: list[dict[str, Any]]) -> str:
-    """Each guard's actions per 1,000 clean steps (with gradient norms; exact 95% Poisson interval), then
-    `_fault_catch_table`."""
+    """Each guard's actions per 1,000 clean steps (exact 95% Poisson CI), then `_fault_catch_table`."""
     clean = [t for t in traces if t["fault"] == "clean" and t.get("grad_norms")]
     steps = sum(len(t["losses"]) for t in clean)
     counts = [sum(guard_actions(t) for t in clean)]
@@ -392,8 +388,7 @@ def poisson_interval(count: int, level: float = 0.95) -> tuple[float, float]:
 
 
 def summary(traces: list[dict[str, Any]]) -> str:
-    """One row per trace: where the detector fires, and per setting what the guard does (clean: under
-    either blame; faulted: the fault's own culprit)."""
+    """One row per trace: where the detector fires, and per setting what the guard does."""
     lines = [
         "| trace | detector fires at | update check | " + " | ".join(SETTINGS) + " |",
         "|---|---|---|" + "---|" * len(SETTINGS),

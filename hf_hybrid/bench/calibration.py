@@ -85,8 +85,7 @@ def calibrate(
     seed: int = 0,
     failures: dict[str, str] | None = None,
 ) -> Calibration:
-    """Price the forward pass, the plain step and every method's own kinds not priced yet; a method whose
-    steps raise is left unpriced, its error in `failures`."""
+    """Price the forward, the plain step and methods' own kinds not priced yet (failures: by spec)."""
     if known is None:
         forward = _forward_seconds(task, seed, warm_steps, timed_steps)
         known = Calibration(statistics.fmean(forward), errors={FORWARD: relative_error(forward)})

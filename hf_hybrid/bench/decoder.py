@@ -149,12 +149,8 @@ def _pretraining_arguments(recipe: Recipe, output_dir: str) -> TrainingArguments
     )
 
 
-# ---- the fine-tune text ------------------------------------------------------------------------------
-
-
 def docs_blocks(seq_len: int, train_blocks: int, eval_blocks: int) -> tuple[Any, Any, list[int]]:
-    """(train, eval, each eval block's chunk) byte blocks of Python's reference documentation, one chunk
-    of 4 blocks in 4 held out."""
+    """(train, eval, each eval block's chunk) byte blocks of Python's docs, 1 chunk of 4 in 4 held out."""
     documents = []
     for name in sorted(topics):
         raw = topics[name].encode("utf-8") + b"\n\n"

@@ -88,8 +88,7 @@ def run_spec(task: BenchTask, spec: RunSpec, method: Method | None = None) -> Me
 
 
 def evaluate_examples(trainer: Any, task: BenchTask) -> tuple[list[float], list[int]]:
-    """Each eval example's mean loss and count of scored tokens (a classifier's: 1), the same for every
-    method: the task's eval set in order, through the task's own collator (not a packing one)."""
+    """Each eval example's mean loss and scored tokens, through the task's own collator for every method."""
     model = trainer.model
     model.eval()
     collate = task.data_collator or default_data_collator

@@ -83,8 +83,7 @@ def is_eval_document(document: str) -> bool:
 
 
 def encode(pair: Pair, seq_len: int) -> dict[str, list[int]] | None:
-    """Prompt, response and EOS as bytes, labels -100 on the prompt, cut at `seq_len`; None when the
-    prompt takes more than half of it."""
+    """Prompt (labels -100), response and EOS, cut at `seq_len`; None when the prompt takes over half."""
     if len(pair.prompt) > seq_len // 2:
         return None
     ids = [*pair.prompt, *pair.response, EOS][:seq_len]
@@ -104,8 +103,7 @@ def all_pairs() -> tuple[Pair, ...]:
 
 @lru_cache(maxsize=4)
 def instruct_split(size: Any) -> tuple[Any, Any, tuple[int, ...], tuple[str, ...]]:
-    """(train, eval, each eval example's document number, the eval documents' names) at `size`; eval a
-    seeded sample, in file order."""
+    """(train, eval, each eval example's document number, the eval documents) at `size`."""
     train: list[dict[str, list[int]]] = []
     held_out: list[tuple[dict[str, list[int]], str]] = []
     for pair in all_pairs():

@@ -58,8 +58,7 @@ class _Timer(TrainerCallback):
 
 
 class TrainingClock(_Timer):
-    """Training time without evaluation or checkpoint saving, and the eval loss against it (with the
-    step counts so far)."""
+    """Training time without evaluation or saving, and the eval loss (and step counts) against it."""
 
     def __init__(self, method: Method | None = None) -> None:
         super().__init__()
@@ -159,8 +158,7 @@ class StopAt(TrainerCallback):
 
 
 class StepTimer(_Timer):
-    """The clock time of each optimizer step, and the tokens it trained on where the Trainer counts them
-    (0 elsewhere): what calibration prices."""
+    """Each optimizer step's time and tokens (0 where not counted): what calibration prices."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -162,7 +162,6 @@ def build_user_task(options: UserTaskOptions) -> BenchTask:
             _classification(rows, tokenizer, options, names, split)
             for rows, split in ((train_rows, "train"), (eval_rows, "eval"))
         )
-
         collator = DataCollatorWithPadding(tokenizer)
         num_labels = len(names)
     return BenchTask(
@@ -195,11 +194,9 @@ def _rows(options: UserTaskOptions) -> tuple[Any, Any, Any]:
         _check_columns("--eval_dataset", options.eval_dataset, eval_rows, columns)
     elif ready_eval is not None:
         eval_rows = ready_eval
+    elif len(train_rows) < 2:
+        raise DataError(f"`--dataset` {options.dataset} has {len(train_rows)} row(s): nothing to hold out")
     else:
-        if len(train_rows) < 2:
-            raise DataError(
-                f"`--dataset` {options.dataset} has {len(train_rows)} row(s): nothing to hold out"
-            )
         split = train_rows.train_test_split(test_size=options.eval_fraction, seed=0)
         train_rows, eval_rows = split["train"], split["test"]
     return (
@@ -229,9 +226,8 @@ def load_model(options: UserTaskOptions, seed: int, num_labels: int | None, toke
     if options.peft == "lora":
         task_type = TaskType.CAUSAL_LM if options.task == "causal_lm" else TaskType.SEQ_CLS
         torch.manual_seed(seed)
-        model = get_peft_model(
-            model, LoraConfig(task_type=task_type, r=options.lora_r, lora_alpha=2 * options.lora_r)
-        )
+        config = LoraConfig(task_type=task_type, r=options.lora_r, lora_alpha=2 * options.lora_r)
+        model = get_peft_model(model, config)
     return model
 
 
@@ -255,32 +251,22 @@ def _take(rows: Any, limit: int | None) -> Any:
 def _causal_lm(
     train_rows: Any, eval_rows: Any, tokenizer: Any, options: UserTaskOptions, info: dict[str, Any]
 ) -> tuple[Any, Any, Any]:
-    """(train, eval, collator) of a causal LM: blocks of one length, or one example per row padded per
-    batch (its length spread in `info`)."""
-    if not options.rows:
-        train, evaluation = (
-            _lm_blocks(r, tokenizer, options, name)
-            for r, name in ((train_rows, "train"), (eval_rows, "eval"))
-        )
-        return train, evaluation, None
+    """(train, eval, collator) of a causal LM: blocks of one length, or a row each padded per batch."""
+    examples = _lm_rows if options.rows else _lm_blocks
     train, evaluation = (
-        _lm_rows(r, tokenizer, options, name) for r, name in ((train_rows, "train"), (eval_rows, "eval"))
+        examples(r, tokenizer, options, name) for r, name in ((train_rows, "train"), (eval_rows, "eval"))
     )
+    if not options.rows:
+        return train, evaluation, None
     spread = length_spread([len(ids) for ids in train["input_ids"]], options.per_device_train_batch_size)
-    info.update(
-        lm_examples="rows",
-        prompt_column=options.prompt_column,
-        lengths=spread.quantiles,
-        padding_share=round(spread.padding_share, 4),
-    )
+    info.update(lm_examples="rows", prompt_column=options.prompt_column, lengths=spread.quantiles)
+    info["padding_share"] = round(spread.padding_share, 4)
     logger.info("hf_hybrid: %s", spread.describe())
-    collator = PadToLongest(pad_token_id=tokenizer.pad_token_id or 0)
-    return train, evaluation, collator
+    return train, evaluation, PadToLongest(pad_token_id=tokenizer.pad_token_id or 0)
 
 
 def _lm_rows(rows: Any, tokenizer: Any, options: UserTaskOptions, split: str) -> Any:
-    """Each row one example: prompt (labels -100), text and EOS, cut at `max_length` (dropped if no text
-    token is left)."""
+    """Each row one example: prompt (labels -100), text and EOS, cut at `max_length`."""
     text, prompt, eos = options.text_column, options.prompt_column, tokenizer.eos_token_id
 
     def encode(batch: dict[str, list[Any]]) -> dict[str, list[list[int]]]:

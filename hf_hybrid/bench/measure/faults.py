@@ -127,8 +127,7 @@ def run_faults(
     echo: Callable[[str], None] = print,
     eval_points: int = 1,
 ) -> Path:
-    """Every arm clean and under every fault, on every seed; `faults.json` (resumable) and `faults.md`.
-    A record of other `eval_points` is refused (evaluation moves the random state)."""
+    """Every arm clean and under every fault, on every seed, into `faults.json` (resumable) and `.md`."""
     for fault in faults:
         fault_window(fault, task.max_steps)
     if not isinstance(eval_points, int) or eval_points < 1:
@@ -186,8 +185,7 @@ def _row(arm: str, fault: str, seed: int, result: Any) -> dict[str, Any]:
 
 
 def best_point_table(record: dict[str, Any]) -> str:
-    """Per fault, arm and seed: the eval loss where the clean plain run's is lowest, minus the arm's clean
-    run's there."""
+    """Per fault, arm and seed: the loss at clean plain's best step, minus the arm's clean loss there."""
     curves = {
         (r["arm"], r["fault"], r["seed"]): dict(map(tuple, r["curve"]))
         for r in record["runs"]

@@ -87,8 +87,7 @@ def _run(
 
 
 def awake_overrides(task: str, size: str) -> dict[str, Any]:
-    """The null predictor (nothing applied), threshold 0 (phases open without skill), a warmup of a tenth
-    of the steps."""
+    """The null predictor at threshold 0 after a warmup of a tenth of the steps."""
     steps = get_task("clm_stdlib" if task == LLAMA else task).size(size).steps
     return {
         "hybrid_predictor": "null",
@@ -227,8 +226,7 @@ def _met(ok: bool) -> str:
 
 
 def format_table(reports: Sequence[TaskOverhead]) -> str:
-    """One row per task: the ratios, the plain runs' own spread (what one ratio can resolve), the
-    machinery's self-measured share of the step time, and the memory."""
+    """One row per task: the ratios, the plain runs' spread, the machinery's own share, the memory."""
     lines = [
         f"| task | hybrid/plain time per pair | median (target <= {TIME_TARGET}) | plain runs' spread | "
         "hybrid machinery's own share of the step time | same eval loss | "
@@ -261,8 +259,7 @@ def format_table(reports: Sequence[TaskOverhead]) -> str:
 
 
 def format_awake_table(reports: Sequence[TaskOverhead]) -> str:
-    """Per task: what the awake run predicted and saved, and the machinery's share of the step time;
-    then each part's median share."""
+    """Per task: what the awake run predicted and saved and its share; then each part's median share."""
     lines = [
         "| task | steps predicted | compute saved (units) | hybrid/plain time per pair | "
         "added share of the step time per pair | median (target) |",

@@ -22,8 +22,7 @@ STEP, FORWARD, BLIND, TOKEN = "step", "forward", "blind", "token"
 
 
 def prices_tokens(task: BenchTask) -> bool:
-    """Whether `task` is priced per token processed (padding included), not per step: its collator pads
-    each batch to its longest example (`PadToLongest`)."""
+    """Whether `task` is priced per token (padding included): its collator pads per batch."""
     return bool(getattr(task.data_collator, "prices_tokens", False))
 
 
@@ -52,8 +51,7 @@ class MethodError(ValueError):
 
 @dataclass
 class TrialContext:
-    """Everything one run needs: the task, the shared arguments, the arena's callbacks, a null control's
-    phases to replay."""
+    """Everything one run needs: the task, the shared arguments, callbacks, a null control's phases."""
 
     task: BenchTask
     learning_rate: float
@@ -67,8 +65,7 @@ class TrialContext:
     extra_args: Mapping[str, Any] = field(default_factory=dict)  # e.g. no evaluation while calibrating
 
     def training_arguments(self, cls: type | None = None, **overrides: Any) -> TrainingArguments:
-        """The arguments every run shares (the task's, at this run's rate, seed and budget), plus
-        `overrides`."""
+        """The arguments every run shares (the task's, at its rate, seed and budget), plus `overrides`."""
         every = max(1, self.steps // max(1, self.eval_points))
         common: dict[str, Any] = {
             "output_dir": self.output_dir,
@@ -112,8 +109,7 @@ class TrialContext:
 
 @dataclass
 class Method:
-    """One plug-in, parsed from its spec (`name` or `name:option=value,...`). Subclasses set `name`,
-    `summary` and `build`; `step_counts`, `own_kinds` where a step costs other than a plain one."""
+    """One plug-in, parsed from its spec (`name` or `name:option=value,...`)."""
 
     spec: str
     options: Mapping[str, str] = field(default_factory=dict)

@@ -62,7 +62,10 @@ class TrainingArgumentsOverride(Method):
         for key, text in self.options.items():
             if key not in names:
                 raise MethodError(f"method {self.spec!r}: {key!r} is not a TrainingArguments field")
-            self.overrides[key] = _typed(self.spec, key, hints[key], text)
+            try:
+                self.overrides[key] = convert(key, hints[key], text)
+            except ValueError as exc:
+                raise MethodError(f"method {self.spec!r}: {exc}") from None
         optimizer = str(self.overrides.get("optim", ""))
         self.budget_schedule = CONSTANT if optimizer.startswith("schedule_free") else BRANCHED
         if self.budget_schedule == CONSTANT:
@@ -88,8 +91,7 @@ class TrainingArgumentsOverride(Method):
 
 
 class Hybrid(Method):
-    """`HybridHFTrainer` with any `hybrid_*` override (the prefix optional): real steps cost a plain step,
-    checked predicted steps a forward, blind ones none."""
+    """`HybridHFTrainer` with any `hybrid_*` override (the prefix optional)."""
 
     name: ClassVar[str] = "hybrid"
     summary: ClassVar[str] = "HybridHFTrainer; hybrid:field=value,... sets any hybrid_* argument"
@@ -203,8 +205,7 @@ class HybridPredict(Hybrid):
 
 
 class NullHybrid(Hybrid):
-    """A hybrid run's null control: its phases replayed with the null predictor (same cost, nothing
-    applied)."""
+    """A hybrid run's null control: its phases replayed with the null predictor (nothing applied)."""
 
     name: ClassVar[str] = "null-hybrid"
     summary: ClassVar[str] = "a hybrid run's phases replayed with nothing applied (added by `null`)"
@@ -223,10 +224,3 @@ class NullHybrid(Hybrid):
 
 def _hybrid_field(key: str) -> str:
     return key if key.startswith("hybrid_") else f"hybrid_{key}"
-
-
-def _typed(spec: str, key: str, hint: Any, text: str) -> Any:
-    try:
-        return convert(key, hint, text)
-    except ValueError as exc:
-        raise MethodError(f"method {spec!r}: {exc}") from None

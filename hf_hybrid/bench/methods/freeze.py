@@ -50,8 +50,7 @@ def freeze_bottom(model: nn.Module, k: int) -> None:
 
 
 def params_to_freeze(model: nn.Module, k: int) -> list[nn.Parameter]:
-    """The trainable parameters of the input side and the first `k` blocks; refuses k past the last block
-    and a model left with nothing to train."""
+    """The trainable parameters of the input side and the first `k` blocks, if any are left to train."""
     try:
         name, blocks = find_blocks(model)
     except BlocksNotFound as exc:

@@ -65,8 +65,7 @@ class ConcatenatedRows:
 
 @dataclass
 class PackedRows:
-    """The batch's examples bin-packed (first fit, longest first) into rows of `row_length` tokens, each
-    example's `position_ids` restarting at 0 (a row's padding a segment of its own: no mask needed)."""
+    """The batch's examples bin-packed into rows of `row_length`, `position_ids` restarting at each."""
 
     row_length: int
     pad_token_id: int

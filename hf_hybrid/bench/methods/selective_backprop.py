@@ -125,8 +125,7 @@ def count_items(labels: torch.Tensor, causal: bool) -> torch.Tensor:
 
 
 def per_sample_loss(logits: torch.Tensor, labels: torch.Tensor, with_counts: bool = False) -> Any:
-    """Mean cross-entropy per sample: shifted for a causal LM ([B, T, V]), plain for a classifier; with
-    `with_counts`, also each sample's count of scored tokens (a classifier's: 1)."""
+    """Mean cross-entropy per sample (shifted for a causal LM), with each one's scored tokens if asked."""
     if logits.dim() == 3:
         logits, labels = logits[:, :-1].float(), labels[:, 1:]
         token = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=-100, reduction="none")

@@ -8,8 +8,7 @@ from .base import MethodError
 
 
 def parse_options(text: str, positional: str | None, spec: str) -> dict[str, str]:
-    """`k=v,k=v` (commas inside brackets or braces do not split: JSON values pass) into a dict; a bare
-    value is the method's positional option (`freeze:3`)."""
+    """`k=v,k=v` (commas in brackets do not split) into a dict; a bare value is the positional option."""
     if not text:
         return {}
     items, depth, current = [], 0, ""
