@@ -205,16 +205,11 @@ def bench_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     try:
         return _dispatch(args)
     except ValueError as exc:  # DataError and MethodError are ValueErrors
-        if not _fixable(exc):
+        methods = sys.modules.get("hf_hybrid.bench.methods.base")  # a MethodError needs them imported
+        if not isinstance(exc, DataError) and (methods is None or not isinstance(exc, methods.MethodError)):
             raise
         print(f"hf-hybrid bench: error: {exc}", file=sys.stderr)
         return 2
-
-
-def _fixable(exc: ValueError) -> bool:
-    """A DataError or a MethodError (asked without importing the methods: a MethodError needs them)."""
-    methods = sys.modules.get("hf_hybrid.bench.methods.base")
-    return isinstance(exc, DataError) or (methods is not None and isinstance(exc, methods.MethodError))
 
 
 def _dispatch(args: argparse.Namespace) -> int:

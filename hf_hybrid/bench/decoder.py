@@ -107,12 +107,9 @@ def build(recipe: Recipe, blocks: list[list[int]], folder: Path) -> None:
         torch.manual_seed(recipe.seed)
         config = tiny_gpt2_config(recipe.n_embd, recipe.n_layer, recipe.n_head, n_positions=recipe.seq_len)
         model = GPT2LMHeadModel(config)
+        data = Dataset.from_dict({"input_ids": blocks, "labels": blocks})
         with tempfile.TemporaryDirectory() as tmp:
-            trainer = Trainer(
-                model=model,
-                args=_pretraining_arguments(recipe, tmp),
-                train_dataset=Dataset.from_dict({"input_ids": blocks, "labels": blocks}),
-            )
+            trainer = Trainer(model=model, args=_pretraining_arguments(recipe, tmp), train_dataset=data)
             trainer.train()
         losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
     finally:

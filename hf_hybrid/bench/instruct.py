@@ -126,11 +126,6 @@ def instruct_split(size: Any) -> tuple[Any, Any, tuple[int, ...], tuple[str, ...
     return train_set, eval_set, tuple(number[document] for _, document in chosen), documents
 
 
-def instruct_data(size: Any) -> tuple[Any, Any]:
-    train, evaluation, _, _ = instruct_split(size)
-    return train, evaluation
-
-
 def eval_clusters(size: Any) -> list[int]:
     """Each eval example's document (its file, numbered in sorted order): their losses move together."""
     return list(instruct_split(size)[2])
@@ -161,7 +156,7 @@ INSTRUCT_PRESET = {
         "docstring's summary (files it never saw); examples of varied length padded per batch"
     ),
     "learning_rate": 5e-4,
-    "data": instruct_data,
+    "data": lambda size: instruct_split(size)[:2],
     "model": instruct_model,
     "finish": finish_instruct,
 }

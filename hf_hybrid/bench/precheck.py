@@ -96,8 +96,12 @@ def check_columns(flag: str, path: str, columns: dict[str, str]) -> None:
 
 def columns_of(path: Path) -> list[str] | None:
     """The column names of a data file or `save_to_disk` folder, from its first line or its metadata."""
-    if path.is_dir():
-        return _saved_columns(path)
+    if path.is_dir():  # its own `dataset_info.json`, or its `train` split's
+        for info in (path / "dataset_info.json", path / "train" / "dataset_info.json"):
+            if info.is_file():
+                features = json.loads(info.read_text()).get("features")
+                return list(features) if isinstance(features, dict) else None
+        return None
     if not path.is_file():
         return None
     suffix = path.suffix.lower()
@@ -113,13 +117,4 @@ def columns_of(path: Path) -> list[str] | None:
             except json.JSONDecodeError:  # a JSON document over several lines: told when it is read
                 return None
             return list(record) if isinstance(record, dict) else None
-    return None
-
-
-def _saved_columns(folder: Path) -> list[str] | None:
-    """A `save_to_disk` folder's features: its own `dataset_info.json`, or its `train` split's."""
-    for info in (folder / "dataset_info.json", folder / "train" / "dataset_info.json"):
-        if info.is_file():
-            features = json.loads(info.read_text()).get("features")
-            return list(features) if isinstance(features, dict) else None
     return None

@@ -91,10 +91,6 @@ def clm_data(size: TaskSize) -> tuple[Any, Any, list[int]]:
     return stdlib_lm_chunks(size.seq_len, size.train_examples, size.eval_examples)
 
 
-def _tiny_gpt2(size: TaskSize, seed: int) -> nn.Module:
-    return tiny_gpt2(seed, n_positions=size.seq_len)
-
-
 def _gpt2_124m(size: TaskSize, seed: int) -> nn.Module:
     torch.manual_seed(seed)
     return GPT2LMHeadModel(GPT2Config(n_positions=1024, bos_token_id=0, eos_token_id=0))
@@ -184,7 +180,7 @@ TASKS: dict[str, Task] = {
             learning_rate=1e-3,
             sizes=_CLM_SIZES,
             data=clm_data,
-            model=_tiny_gpt2,
+            model=lambda size, seed: tiny_gpt2(seed, n_positions=size.seq_len),
         ),
         Task(
             name="minilm_cls",

@@ -101,12 +101,9 @@ class Hybrid(Method):
         items = {**self.preset, **{_hybrid_field(k): v for k, v in self.options.items()}}
         try:
             self.overrides = parse_hybrid_overrides([f"{k}={v}" for k, v in items.items()])
-            self._check_arguments()
+            HybridTrainingArguments(output_dir="unused", **self.overrides)  # a bad value refused here
         except ValueError as exc:
             raise MethodError(f"method {self.spec!r}: {exc}") from None
-
-    def _check_arguments(self) -> None:
-        HybridTrainingArguments(output_dir="unused", **self.overrides)  # a bad value refused before training
 
     def build(self, ctx: TrialContext) -> Trainer:
         model, train, evaluation = ctx.task.build(ctx.seed)
