@@ -141,15 +141,8 @@ def record(
     runner = method if fault == "clean" else Faulted(method, fault)
     trace = LossTrace()
     rate = task.learning_rate * lr_multiplier
-    result = run_trial(
-        task,
-        runner,
-        learning_rate=rate,
-        seed=seed,
-        steps=task.max_steps,
-        eval_points=eval_points,
-        callbacks=[trace],
-    )
+    runs = {"seed": seed, "steps": task.max_steps, "eval_points": eval_points, "callbacks": [trace]}
+    result = run_trial(task, runner, learning_rate=rate, **runs)
     start = None if fault == "clean" else fault_window(fault, task.max_steps).start
     return {
         "task": task_name,
@@ -342,9 +335,8 @@ def false_alarm_table(traces: list[dict[str, Any]]) -> str:
         f"| guard | actions on {len(clean)} clean runs ({steps} steps) | per 1,000 clean steps (95% CI) |",
         "|---|---|---|",
     ]
-    for name, count in zip(
-        ("spike guard", "6-sigma loss skip (128 steps)", "ZClip (2.5 sigma)"), counts, strict=True
-    ):
+    names = ("spike guard", "6-sigma loss skip (128 steps)", "ZClip (2.5 sigma)")
+    for name, count in zip(names, counts, strict=True):
         rate, low, high = (1000 * x / steps for x in (count, *poisson_interval(count)))
         lines.append(f"| {name} | {count} | {rate:.2f} ({low:.2f}-{high:.2f}) |")
     return "\n".join(lines) + "\n\n" + _fault_catch_table(traces)
@@ -383,8 +375,7 @@ def poisson_interval(count: int, level: float = 0.95) -> tuple[float, float]:
         return (low + high) / 2
 
     lower = 0.0 if count == 0 else solve(lambda m: tail - (1 - cdf(count - 1, m)))
-    upper = solve(lambda m: cdf(count, m) - tail)
-    return lower, upper
+    return lower, solve(lambda m: cdf(count, m) - tail)
 
 
 def summary(traces: list[dict[str, Any]]) -> str:
@@ -472,8 +463,7 @@ def main() -> None:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(traces) + "\n")
             print(f"{_name(new)}: {len(new['losses'])} steps, eval loss {new['eval_loss']:.4f}", flush=True)
-    tables = (clean_table(traces), corpus_table(traces), false_alarm_table(traces), summary(traces))
-    table = "\n\n".join(tables)
+    table = "\n\n".join(f(traces) for f in (clean_table, corpus_table, false_alarm_table, summary))
     out.with_suffix(".md").write_text(table + "\n")
     print(table)
 

@@ -38,7 +38,6 @@ def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def _task_flags(bench: argparse.ArgumentParser) -> None:
-    """Your model and data."""
     task = bench.add_argument_group("your task")
     task.add_argument("--model_name_or_path", help="a local directory (save_pretrained) or a Hub id")
     task.add_argument("--dataset", help="CSV, JSON lines, plain text (causal_lm) or a save_to_disk folder")
@@ -82,7 +81,6 @@ def _task_flags(bench: argparse.ArgumentParser) -> None:
 
 
 def _protocol_flags(bench: argparse.ArgumentParser) -> None:
-    """How the arena judges: rates, seeds, schedule, methods, the record."""
     protocol = bench.add_argument_group("protocol")
     protocol.add_argument(
         "--lr_multipliers",
@@ -115,7 +113,6 @@ def _protocol_flags(bench: argparse.ArgumentParser) -> None:
 
 
 def _judged_flags(bench: argparse.ArgumentParser) -> None:
-    """What to judge, on which seeds, into which record."""
     judged = bench.add_argument_group("what to judge")
     judged.add_argument(
         "--methods", nargs="+", metavar="METHOD", help="methods to judge (default: plain hybrid null)"

@@ -52,7 +52,6 @@ class Measured:
 
 
 def run_spec(task: BenchTask, spec: RunSpec, method: Method | None = None) -> Measured:
-    """Train `spec` on `task` and measure it."""
     method = method or parse_method(spec.method)
     clock, trace = TrainingClock(method), LossTrace()
     callbacks: list[Any] = [clock, trace]

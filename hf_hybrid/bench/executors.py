@@ -1,6 +1,6 @@
 """Who runs the arena's specs: this process (`InProcess`), local worker processes (`LocalPool`: each run
-forked fresh, a GPU or a share of the cores each) or a Ray cluster (`RayExecutor`). Each gives back a
-spec's `Measured` or its error; the coordinator (`arena.py`) alone decides and writes the record.
+forked fresh, a GPU or a share of the cores each) or a Ray cluster (`RayExecutor`). Each has `workers`,
+`submit(spec)` (the worker's name), `wait()` (the runs finished since: `Measured` or error) and `close()`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -35,16 +35,6 @@ class Finished:
     worker: str
     measured: Measured | None
     error: str | None = None
-
-
-class Executor(Protocol):
-    workers: int
-
-    def submit(self, spec: RunSpec) -> str: ...  # start `spec`; the name of the worker that runs it
-
-    def wait(self) -> list[Finished]: ...  # block until at least one run has finished; those that have
-
-    def close(self) -> None: ...
 
 
 class InProcess:
@@ -178,10 +168,8 @@ class LocalPool:
         if os.path.exists(slot.result):
             payload = json.loads(Path(slot.result).read_text())
             os.remove(slot.result)
-            if "measured" in payload:
-                finished = Finished(spec, slot.name, Measured.from_dict(payload["measured"]))
-            else:
-                finished = Finished(spec, slot.name, None, payload["error"])
+            measured = Measured.from_dict(payload["measured"]) if "measured" in payload else None
+            finished = Finished(spec, slot.name, measured, payload.get("error"))
         slot.spec = slot.process = None
         return finished
 

@@ -33,8 +33,6 @@ SAME_TRAJECTORY_OPTIMIZERS = frozenset({"adamw_torch", "adamw_torch_fused"})
 
 
 class Plain(Method):
-    """The baseline: `transformers.Trainer` as it is."""
-
     name: ClassVar[str] = "plain"
     summary: ClassVar[str] = "transformers.Trainer as it is (the baseline every method is judged against)"
 

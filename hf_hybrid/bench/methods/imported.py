@@ -13,7 +13,6 @@ from .specs import import_object, parse_options
 
 
 def imported_method(spec: str) -> Method:
-    """The method `spec` names by import path (see the module docstring)."""
     module, _, rest = spec.partition(":")
     attr, _, options = rest.partition(":")
     target = import_object(f"{module}:{attr}")

@@ -42,7 +42,6 @@ def available_methods() -> list[str]:
 
 
 def describe_methods() -> dict[str, str]:
-    """Each method's name and one line on what it runs."""
     described = {name: cls.summary for name, cls in _REGISTRY.items()}
     described[NULL] = "adds the null control of every other method listed that has one"
     return dict(sorted(described.items()))
