@@ -261,15 +261,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _arena(args: argparse.Namespace, task: Any, methods: list[str], fields: dict[str, Any], out: str) -> None:
     from .bench.run import run_arena
 
+    protocol = rules.Protocol(**fields)
+    use_ray = args.ray is not None
     run_arena(
-        task,
-        methods,
-        rules.Protocol(**fields),
-        out,
-        workers=args.workers,
-        ray=args.ray,
-        use_ray=args.ray is not None,
-        fresh=args.fresh,
+        task, methods, protocol, out, workers=args.workers, ray=args.ray, use_ray=use_ray, fresh=args.fresh
     )
 
 
@@ -352,14 +347,8 @@ def _overhead(args: argparse.Namespace) -> int:
 
     suite = SUITES[args.suite or "quick"]
     out = args.out or f"bench_results/overhead-{args.suite or 'quick'}"
-    run_overhead(
-        args.tasks or suite["tasks"],
-        suite["size"],
-        args.pairs,
-        out,
-        parse_hybrid_overrides(args.hybrid),
-        awake=args.awake,
-    )
+    overrides = parse_hybrid_overrides(args.hybrid)
+    run_overhead(args.tasks or suite["tasks"], suite["size"], args.pairs, out, overrides, awake=args.awake)
     return 0
 
 

@@ -116,16 +116,9 @@ class _MemoryProbe(TrainerCallback):
         engine = getattr(self.trainer, "engine", None)
         if engine is None:
             return
-        measured = engine_retained_bytes(engine)
-        self.rows.append(
-            {
-                "step": state.global_step,
-                "awake": engine.awake,
-                "total": measured.total,
-                "tensors": measured.tensors,
-                "python": measured.python,
-            }
-        )
+        held = engine_retained_bytes(engine)
+        row = {"step": state.global_step, "awake": engine.awake, "total": held.total}
+        self.rows.append({**row, "tensors": held.tensors, "python": held.python})
 
 
 def measure_task(
@@ -243,10 +236,8 @@ def format_table(reports: Sequence[TaskOverhead]) -> str:
         same = "yes" if s["same_eval_loss"] else "no"
         last = m.get("last") or {}
         tensors = sum((last.get("tensors") or {}).values())
-        if s["asleep_memory_fraction"] is None:
-            memory = "never asleep"
-        else:
-            fraction = s["asleep_memory_fraction"]
+        memory = "never asleep"
+        if (fraction := s["asleep_memory_fraction"]) is not None:
             memory = (
                 f"{fraction:.2%} ({_met(s['memory_target_met'])}): {m['peak_asleep_bytes']} of "
                 f"{m['trainable_bytes']} bytes ({tensors} + {last.get('python', 0)})"
@@ -320,10 +311,7 @@ def _plot(reports: Sequence[TaskOverhead], path: Path, awake: bool) -> None:
     figure = Figure(figsize=(7, 3.5), dpi=100)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot(1, 1, 1)
-    if awake:
-        _plot_parts(axes, reports)
-    else:
-        _plot_ratios(axes, reports)
+    (_plot_parts if awake else _plot_ratios)(axes, reports)
     axes.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     figure.tight_layout()
     figure.savefig(path, format="png")
