@@ -53,9 +53,6 @@ class Calibration:
         """Forward units spent by a run that took `counts` steps of each kind."""
         return sum(n * self.units(kind) for kind, n in counts.items())
 
-    def seconds(self, kind: str) -> float:
-        return self.units(kind) * self.forward_seconds
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "forward_seconds": self.forward_seconds,

@@ -54,9 +54,6 @@ class Task:
             raise ValueError(f"task {self.name!r} has no size {name!r}; sizes: {sorted(self.sizes)}")
         return self.sizes[name]
 
-    def build(self, size: TaskSize, seed: int) -> tuple[nn.Module, Any, Any]:
-        return (self.model(size, seed), *self.data(size)[:2])
-
     def bench_task(self, size_name: str) -> BenchTask:
         """This preset at a size, as the arena runs it (the data built once, a model per seed)."""
         size = self.size(size_name)
