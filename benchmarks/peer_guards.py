@@ -165,13 +165,8 @@ def damage_table(records: dict[str, dict[str, Any]]) -> str:
         faults = dict.fromkeys(r["fault"] for r in record["runs"] if r["fault"] != "clean")
         for fault in faults:
             arms = ["plain", *GUARD_ARMS.values()]
-            seeds = sorted(
-                {
-                    s
-                    for (_, _, s) in present
-                    if all((a, f, s) in present for a in arms for f in (fault, "clean"))
-                }
-            )
+            runs = [(arm, f) for arm in arms for f in (fault, "clean")]
+            seeds = sorted({s for (_, _, s) in present if all((arm, f, s) in present for arm, f in runs)})
             if not seeds:
                 continue
             plain = statistics.fmean(damages(record, "plain", fault, seeds))
