@@ -284,11 +284,13 @@ class Planner(Chains):
         self._null(method, rate, self.protocol.seeds, READ_AT)
 
     def _same_trajectory(self, method: Method, rate: float, record: dict[str, Any]) -> bool:
-        """A short run at plain's rate, against plain's point there: True when it trains plain's
-        trajectory within the task's resolution (judged in time); False sends it to the race."""
+        """A short run at plain's rate, against plain's run of the same budget, both asked for in one
+        stage so that they are timed side by side (a trunk's point can be hours older, on a machine
+        otherwise loaded): True when it trains plain's trajectory within the task's resolution (judged
+        in time); False sends it to the race."""
         short = rules.SAME_TRAJECTORY_BUDGET
         mine = self.run_spec(method.spec, self.first, rate, short)
-        theirs = self.point_spec("plain", self.first, rate, short)
+        theirs = self.run_spec("plain", self.first, rate, short)
         evidence = self.evidence(all_seeds=True)
         if not self._need([mine, theirs]) or evidence is None:
             self.waiting = True

@@ -17,9 +17,9 @@ from . import reading
 from .budget import WSD
 from .frontier import speedup
 from .plan import Planner
-from .protocol import BUDGETS, READ_AT
+from .protocol import BUDGETS, READ_AT, SAME_TRAJECTORY_BUDGET
 from .rows import RunRow
-from .spec import RANGE_TEST, SEGMENT, RunSpec
+from .spec import RANGE_TEST, SEGMENT, SEPARATE, RunSpec
 
 __all__ = ["costs", "verdicts"]
 
@@ -106,9 +106,9 @@ def _verdict(
         word, reason = rules.LOSES, f"stopped at {budget:g}: below twice the band ({reason})"
     if chosen.get("provably_plain"):
         word, reason = rules.TIES, f"the plain runs, reused: {chosen['provably_plain']}"
-    engaged = not base["notes"] or len(base["notes"]) < len(rows)
-    if not engaged:
-        reason += f"; its mechanism never engaged: {base['notes'][0]}"
+    idle = never_engaged(list(rows.values()))
+    if idle:
+        reason += f"; its mechanism never engaged: {idle}"
     width = read.band.half_width(with_seeds=read.band.known)
     return {
         **base,
@@ -121,7 +121,7 @@ def _verdict(
         "band": {**read.band.to_dict(), "low": math.exp(-width), "high": math.exp(width)},
         "verdict": word,
         "reason": reason,
-        "engaged": engaged,
+        "engaged": idle is None,
         "stopped_at": chosen.get("stopped_at"),
         "per_seed": read.per_seed,
         "curve": _curve(planner, evidence, method, parent, chosen),
@@ -186,6 +186,15 @@ def _curve(
     return out
 
 
+def never_engaged(read: list[RunRow]) -> str | None:
+    """The note of the rows a verdict reads when every one of them says its mechanism never acted (each
+    row's note covers its run from step 0); None when one of them did. Notes of other runs (an early
+    segment that ended inside the warmup) say nothing about the runs read."""
+    if read and all(r.note for r in read):
+        return read[0].note
+    return None
+
+
 def own_units(planner: Planner, row: RunRow) -> float:
     """What a row itself computed: its units from step 0 less those of the recorded segment it resumed
     from (found among the rows, so that a method no longer in the plan is still costed)."""
@@ -208,7 +217,13 @@ def costs(planner: Planner) -> dict[str, Any]:
     full = planner.full_point("plain", planner.first, planner.plain_rate)
     unit = full.units if full is not None else math.nan
     parents = {null.spec: parent for parent, null in planner.nulls.items()}
-    plain = {"race": 0.0, "schedule_check": 0.0, "other_seeds": 0.0, "range_test": 0.0}
+    plain = {
+        "race": 0.0,
+        "schedule_check": 0.0,
+        "same_trajectory_check": 0.0,
+        "other_seeds": 0.0,
+        "range_test": 0.0,
+    }
     methods: dict[str, float] = {}
     unused = 0.0
     for row in planner.rows:
@@ -229,5 +244,8 @@ def _plain_part(planner: Planner, row: RunRow) -> str:
         return "range_test"
     if row.seed != planner.first:
         return "other_seeds"
+    separate = planner.decisions.mode == "separate"
+    if row.kind == SEPARATE and row.budget == SAME_TRAJECTORY_BUDGET and not separate:
+        return "same_trajectory_check"  # plain's run timed beside a same-trajectory method's
     own_schedule = RunSpec.from_dict(row.spec).schedule.get("lr_scheduler_type") != WSD
     return "schedule_check" if own_schedule and planner.decisions.mode != "separate" else "race"

@@ -10,6 +10,7 @@ import pytest
 from hf_hybrid.bench import protocol as rules
 from hf_hybrid.bench.reading import Evidence, mean_difference_se, paired_se, read
 from hf_hybrid.bench.rows import RunRow
+from hf_hybrid.bench.verdicts import never_engaged
 
 
 def _row(budget, units, loss, seconds=None, seed=0, examples=None):
@@ -109,3 +110,12 @@ def test_the_eval_noise_of_a_mean_over_seeds_bootstraps_the_mean_difference_per_
     pairs = list(zip(method, plain, strict=True))
     assert mean_difference_se(pairs, None, None) == pytest.approx(0.0, abs=1e-12)
     assert mean_difference_se([(method[0], _row(1.0, 40, 1.0))], None, None) is None
+
+
+def test_a_verdict_is_never_engaged_only_when_every_run_it_reads_says_so():
+    idle = "No predict phase opened: the run ended inside the warmup"
+    acted, quiet = _row(1.0, 40, 2.0), _row(1.0, 40, 2.0, seed=1)
+    quiet.note = idle
+    assert never_engaged([quiet]) == idle
+    assert never_engaged([acted, quiet]) is None  # one seed acted
+    assert never_engaged([acted]) is None  # an early segment's note is not among the rows read
