@@ -13,6 +13,12 @@ from .data import DataError
 
 SUITE_CHOICES = ("tiny", "quick", "full")
 TASK_TYPES = ("causal_lm", "sequence_classification")
+PROTOCOL_FLAGS = {
+    "widen": "widen",
+    "cooldown_fraction": "cooldown",
+    "decay_shape": "decay",
+    "schedule": "schedule",
+}
 
 
 def add_bench_parser(sub: Any) -> argparse.ArgumentParser:
@@ -225,11 +231,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     quiet_libraries()
     methods = _methods(args)
     own = args.model_name_or_path is not None or args.task_factory is not None or args.dataset is not None
+    suite = SUITES[args.suite or "quick"]
     if args.overhead:
-        return _overhead(args)
+        return _overhead(args, suite)
     parse_methods(methods)  # every spec read as the arena will, still before the data
     if args.faults is not None:
-        return _faults(args, own)
+        return _faults(args, own, suite)
     if own:
         if args.suite or args.tasks:
             raise DataError(
@@ -243,7 +250,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     from .bench.recipe import build_task, preset_recipe
 
-    suite = SUITES[args.suite or "quick"]
     for name in args.tasks or suite["tasks"]:
         overrides = {"max_steps": args.max_steps} if args.max_steps is not None else {}
         try:
@@ -285,16 +291,10 @@ def _methods(args: argparse.Namespace) -> list[str]:
 
 def _protocol_fields(args: argparse.Namespace, **defaults: Any) -> dict[str, Any]:
     fields = dict(defaults)
-    if args.seeds is not None:
-        fields["seeds"] = tuple(args.seeds)
-    if args.lr_multipliers is not None:
-        fields["lr_multipliers"] = tuple(args.lr_multipliers)
-    for flag, name in (
-        ("widen", "widen"),
-        ("cooldown_fraction", "cooldown"),
-        ("decay_shape", "decay"),
-        ("schedule", "schedule"),
-    ):
+    for flag in ("seeds", "lr_multipliers"):
+        if getattr(args, flag) is not None:
+            fields[flag] = tuple(getattr(args, flag))
+    for flag, name in PROTOCOL_FLAGS.items():
         if getattr(args, flag) is not None:
             fields[name] = getattr(args, flag)
     return fields
@@ -340,27 +340,24 @@ def task_from_factory(args: argparse.Namespace) -> Any:
     return task
 
 
-def _overhead(args: argparse.Namespace) -> int:
+def _overhead(args: argparse.Namespace, suite: dict[str, Any]) -> int:
     from .bench.measure.overhead import run_overhead
     from .bench.overrides import parse_hybrid_overrides
-    from .bench.run import SUITES
 
-    suite = SUITES[args.suite or "quick"]
     out = args.out or f"bench_results/overhead-{args.suite or 'quick'}"
     overrides = parse_hybrid_overrides(args.hybrid)
     run_overhead(args.tasks or suite["tasks"], suite["size"], args.pairs, out, overrides, awake=args.awake)
     return 0
 
 
-def _faults(args: argparse.Namespace, own: bool) -> int:
+def _faults(args: argparse.Namespace, own: bool, suite: dict[str, Any]) -> int:
     from .bench.measure.faults import FAULTS, GUARDED, run_faults
-    from .bench.run import SUITES
     from .bench.tasks import preset
 
     arms = _methods(args) if args.methods else ["plain", GUARDED]
-    suite = SUITES[args.suite or "quick"]
-    names = args.tasks or suite["tasks"]
-    tasks = [_own_task(args)] if own else [preset(name, suite["size"]) for name in names]
+    tasks = (
+        [_own_task(args)] if own else [preset(name, suite["size"]) for name in args.tasks or suite["tasks"]]
+    )
     for task in tasks:
         if args.max_steps is not None and not own:
             task.max_steps = args.max_steps

@@ -91,8 +91,7 @@ class TrialContext:
             **self.task.training_overrides,
             **self.extra_args,
         }
-        common.update(overrides)
-        return (cls or TrainingArguments)(**common)
+        return (cls or TrainingArguments)(**{**common, **overrides})
 
     def trainer_kwargs(self, model: Any, train: Any, evaluation: Any) -> dict[str, Any]:
         """The keyword arguments every Trainer of the run gets besides `args`."""
