@@ -84,10 +84,8 @@ def _child(spec: dict[str, Any], recipe: dict[str, Any], result: str, env: dict[
     cores = env.get("HF_HYBRID_CORES")
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
-    quiet_libraries()  # its torch threads: OMP_NUM_THREADS, now the slot's
     try:
-        measured = run_spec(build_task(recipe), RunSpec.from_dict(spec))
-        payload = {"measured": measured.to_dict()}
+        payload = {"measured": _ray_run(spec, recipe)}  # its torch threads: OMP_NUM_THREADS, now the slot's
     except Exception as exc:
         payload = {"error": _error_text(exc)}
     tmp = result + ".tmp"
@@ -182,7 +180,7 @@ class LocalPool:
 
 
 def _ray_run(spec: dict[str, Any], recipe: dict[str, Any]) -> dict[str, Any]:
-    """One run as a Ray task, in a fresh worker process (`max_calls=1`)."""
+    """One run from its recipe, in a fresh process (a worker's, or Ray's with `max_calls=1`)."""
     quiet_libraries()
     return run_spec(build_task(recipe), RunSpec.from_dict(spec)).to_dict()
 

@@ -39,10 +39,7 @@ def _storage_key(tensor: torch.Tensor) -> tuple[str, int]:
 def retained_bytes(root: Any, exclude: Iterable[Any] = ()) -> RetainedBytes:
     out = RetainedBytes()
     excluded = {id(obj) for obj in exclude}
-    excluded_storages: set[tuple[str, int]] = set()
-    for obj in exclude:
-        for tensor in _tensors_of(obj):
-            excluded_storages.add(_storage_key(tensor))
+    excluded_storages = {_storage_key(tensor) for obj in exclude for tensor in _tensors_of(obj)}
     seen: set[int] = set()
     seen_storages: set[tuple[str, int]] = set()
     stack = [root]
