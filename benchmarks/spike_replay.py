@@ -209,9 +209,7 @@ def detector_fires(trace: dict[str, Any]) -> list[int]:
     detector = detector_for(SpikeGuardConfig())
     fired: list[int] = []
     for step, (loss, grad_norm) in enumerate(_steps(trace), start=1):
-        lasting = detector.lasting(loss)
-        if lasting and not detector.elevated(loss):
-            lasting = None
+        lasting = detector.lasting(loss) and detector.elevated(loss)  # a shift whose own step is up too
         after_spike = bool(fired) and fired[-1] == step - 1
         if lasting or detector.sudden(loss, grad_norm, after_spike):
             fired.append(step)

@@ -13,12 +13,7 @@ from .data import DataError
 
 SUITE_CHOICES = ("tiny", "quick", "full")
 TASK_TYPES = ("causal_lm", "sequence_classification")
-PROTOCOL_FLAGS = {
-    "widen": "widen",
-    "cooldown_fraction": "cooldown",
-    "decay_shape": "decay",
-    "schedule": "schedule",
-}
+PROTOCOL_FLAGS = dict(widen="widen", cooldown_fraction="cooldown", decay_shape="decay", schedule="schedule")
 
 
 def add_bench_parser(sub: Any) -> argparse.ArgumentParser:

@@ -159,11 +159,8 @@ def docs_blocks(seq_len: int, train_blocks: int, eval_blocks: int) -> tuple[Any,
                 f"the documentation gave {len(have)} {split} blocks of {seq_len} bytes, fewer than {wanted}"
             )
     train_set = Dataset.from_dict({"input_ids": train, "labels": train})
-    return (
-        train_set.shuffle(seed=0),
-        Dataset.from_dict({"input_ids": evaluation, "labels": evaluation}),
-        clusters,
-    )
+    eval_set = Dataset.from_dict({"input_ids": evaluation, "labels": evaluation})
+    return train_set.shuffle(seed=0), eval_set, clusters
 
 
 def pretrained_decoder(recipe: Recipe, seed: int, lora: bool) -> torch.nn.Module:
@@ -186,8 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rebuild", action="store_true", help="pretrain again even if it is cached")
     opts = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    path = decoder_path(TINY_RECIPE if opts.tiny else Recipe(), rebuild=opts.rebuild)
-    print(path)
+    print(decoder_path(TINY_RECIPE if opts.tiny else Recipe(), rebuild=opts.rebuild))
 
 
 if __name__ == "__main__":

@@ -69,12 +69,7 @@ class Task:
             batch_size=size.batch_size,
             eval_batch_size=64,
             weight_decay=self.weight_decay,
-            info={
-                "preset": self.name,
-                "size": size_name,
-                "description": self.description,
-                "seq_len": size.seq_len,
-            },
+            info=dict(preset=self.name, size=size_name, description=self.description, seq_len=size.seq_len),
             eval_clusters=list(clusters[0]) if clusters else None,
         )
         if self.finish is not None:

@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import os
 import types
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
+from torch import nn
 from transformers import Trainer, TrainerCallback
 
 from .base import Method, MethodError, TrialContext
 from .blocks import BlocksNotFound, find_blocks
-
-if TYPE_CHECKING:
-    from torch import nn
 
 STATE_FILE = "dropbp_state.pt"
 

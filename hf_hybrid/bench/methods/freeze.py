@@ -4,15 +4,13 @@ stops below them (with peft, the adapters freeze; a head tied to the embedding f
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
+from torch import nn
 from transformers import Trainer
 
 from .base import Method, MethodError, TrialContext
 from .blocks import BlocksNotFound, find_blocks, input_side, trainable
-
-if TYPE_CHECKING:
-    from torch import nn
 
 
 class Freeze(Method):
