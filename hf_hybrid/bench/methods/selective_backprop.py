@@ -45,9 +45,8 @@ class SelectiveBackprop(Method):
 
     def build(self, ctx: TrialContext) -> Trainer:
         model, train, evaluation = ctx.task.build(ctx.seed)
-        trainer_class = selective_trainer_class()
         kwargs = ctx.trainer_kwargs(model, train, evaluation)
-        return trainer_class(args=ctx.training_arguments(), selection=self, **kwargs)
+        return SelectiveBackpropTrainer(args=ctx.training_arguments(), selection=self, **kwargs)
 
     def selective(self, step: int, total: int) -> bool:
         return self.start * total <= step < self.end * total and step % self.every == 0
@@ -86,36 +85,33 @@ class SelectiveBackprop(Method):
         return order[picked]
 
 
-def selective_trainer_class() -> type:
-    class SelectiveBackpropTrainer(Trainer):
-        def __init__(self, *args: Any, selection: SelectiveBackprop, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.selection = selection
-            self.selective_steps = 0
-            self.generator = torch.Generator().manual_seed(self.args.seed)
-            self._counted_step = -1
+class SelectiveBackpropTrainer(Trainer):
+    def __init__(self, *args: Any, selection: SelectiveBackprop, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.selection = selection
+        self.selective_steps = 0
+        self.generator = torch.Generator().manual_seed(self.args.seed)
+        self._counted_step = -1
 
-        def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
-            step = self.state.global_step
-            if not self.selection.selective(step, self.state.max_steps):
-                return super().training_step(model, inputs, num_items_in_batch)
-            inputs = self._prepare_inputs(inputs)
-            labels = inputs["labels"]
-            with torch.no_grad():
-                logits = model(**{k: v for k, v in inputs.items() if k != "labels"}).logits
-            chosen = self.selection.pick(per_sample_loss(logits, labels), self.generator).to(labels.device)
-            n = labels.shape[0]
-            subset = {
-                k: v[chosen] if torch.is_tensor(v) and v.shape[:1] == (n,) else v for k, v in inputs.items()
-            }
-            if num_items_in_batch is not None:
-                num_items_in_batch = count_items(subset["labels"], logits.dim() == 3)
-            if step != self._counted_step:  # one count per optimizer step, whatever the accumulation
-                self._counted_step = step
-                self.selective_steps += 1
-            return super().training_step(model, subset, num_items_in_batch)
-
-    return SelectiveBackpropTrainer
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        step = self.state.global_step
+        if not self.selection.selective(step, self.state.max_steps):
+            return super().training_step(model, inputs, num_items_in_batch)
+        inputs = self._prepare_inputs(inputs)
+        labels = inputs["labels"]
+        with torch.no_grad():
+            logits = model(**{k: v for k, v in inputs.items() if k != "labels"}).logits
+        chosen = self.selection.pick(per_sample_loss(logits, labels), self.generator).to(labels.device)
+        n = labels.shape[0]
+        subset = {
+            k: v[chosen] if torch.is_tensor(v) and v.shape[:1] == (n,) else v for k, v in inputs.items()
+        }
+        if num_items_in_batch is not None:
+            num_items_in_batch = count_items(subset["labels"], logits.dim() == 3)
+        if step != self._counted_step:  # one count per optimizer step, whatever the accumulation
+            self._counted_step = step
+            self.selective_steps += 1
+        return super().training_step(model, subset, num_items_in_batch)
 
 
 def count_items(labels: torch.Tensor, causal: bool) -> torch.Tensor:
