@@ -39,7 +39,7 @@ class DropBP(Method):
         if ctx.resume_from is not None:
             dropper.load(ctx.resume_from)
         kwargs = ctx.trainer_kwargs(model, train, evaluation)
-        kwargs["callbacks"] = [*kwargs["callbacks"], dropper.callback()]
+        kwargs["callbacks"] = [*kwargs["callbacks"], dropper]
         return Trainer(args=ctx.training_arguments(), **kwargs)
 
 
@@ -50,8 +50,8 @@ def _blocks(model: nn.Module, spec: str) -> nn.ModuleList:
         raise MethodError(f"method {spec!r}: {exc}") from None
 
 
-class BlockDropper:
-    """Wraps each block's forward; `draw()` picks the blocks whose backward the next step skips."""
+class BlockDropper(TrainerCallback):
+    """Wraps each block's forward; `draw()`, as each step begins, picks the blocks whose backward it skips."""
 
     def __init__(self, blocks: nn.ModuleList, p: float, seed: int) -> None:
         self.p = p
@@ -78,18 +78,12 @@ class BlockDropper:
         self.generator.set_state(state["generator"])
         self.skipped = int(state["skipped"])
 
-    def callback(self) -> Any:
-        dropper = self
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.draw()
 
-        class _Draw(TrainerCallback):
-            def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-                dropper.draw()
-
-            def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-                folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-                torch.save(dropper.state_dict(), os.path.join(folder, STATE_FILE))
-
-        return _Draw()
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        folder = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        torch.save(self.state_dict(), os.path.join(folder, STATE_FILE))
 
 
 def _dropping_forward(forward: Any, dropper: BlockDropper, index: int) -> Any:
