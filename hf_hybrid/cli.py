@@ -1,8 +1,7 @@
 """The `hf-hybrid` console script: the parser and the dispatch of `train`, `demo` and `bench`.
 
-`hf-hybrid --version`, `hf-hybrid --help` and `hf-hybrid train --help` answer without importing
-transformers (which takes seconds); each subcommand imports what it needs. `train` runs a recipe of
-`hf_hybrid.recipes` (`--task causal_lm`, the default, or `sequence_classification`).
+`--version`, `--help` and `train --help` answer without importing transformers (seconds); each
+subcommand imports what it needs; `train` runs a recipe of `hf_hybrid.recipes`.
 
     hf-hybrid demo                                   # plain Trainer vs HybridHFTrainer, a few minutes on CPU
     hf-hybrid train --output_dir out --max_steps 200 # the tiny built-in model on the stdlib corpus

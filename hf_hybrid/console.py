@@ -1,9 +1,6 @@
-"""What the hybrid trainer adds to HF's console: the compact `hybrid` entry in the printed logs, the
-phase on the tqdm bar, what the spike guard holds at the start and the summary at the end of training.
-
-HF's own console callbacks are replaced by subclasses (`install_console`), so `disable_tqdm`, the log
-format and `log_level` behave as users know them; trackers and `trainer_state.json` get every
-`hybrid/*` key, only the console folds them.
+"""What the hybrid trainer adds to HF's console: a compact `hybrid` log entry, the phase on the tqdm bar,
+the spike guard's line and the summary. HF's console callbacks are subclassed, so `disable_tqdm` and the
+log format behave as users know them; only the console folds the `hybrid/*` keys.
 """
 
 from __future__ import annotations
@@ -30,8 +27,7 @@ def install_console(trainer: Trainer) -> None:
 
 
 def console_logs(trainer: Any, logs: Mapping[str, Any]) -> dict[str, Any]:
-    """The logs as the console shows them: `hybrid/*` keys folded into one `hybrid` entry (unless
-    `hybrid_console_metrics="full"`, which prints every key with the phase by its name)."""
+    """The logs as the console shows them: `hybrid/*` keys folded into one `hybrid` entry (unless "full")."""
     if trainer.engine is None:
         return dict(logs)
     if trainer.args.hybrid_console_metrics == "full":
@@ -56,8 +52,7 @@ def guard_line(trainer: Any) -> str | None:
 
 
 class HybridProgressCallback(ProgressCallback):
-    """HF's tqdm callback: the phase and skipped share on the bar, the `hybrid/*` keys folded into one
-    entry of the printed logs, and the summary after the last step."""
+    """HF's tqdm callback, with the phase and skipped share on the bar, folded logs and the summary."""
 
     def __init__(self, trainer: Any) -> None:
         super().__init__()

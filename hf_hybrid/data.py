@@ -1,11 +1,8 @@
 """Datasets of the training scripts: the built-in stdlib corpora and the user's own text.
 
-The built-in default corpus is the Python standard library's own source: it exists on every machine
-that runs Python, nobody here wrote it, and it needs no download and no tokenizer (byte-level,
-vocabulary 256). Files are split into train/eval by a hash of their path, so the split is stable across
-machines and Python patch releases. A user's data is a local .txt/.csv/.json/.jsonl file or a Hub
-dataset, read with `datasets.load_dataset` and cut into causal-LM blocks as `run_clm.py` does, or kept
-as labelled text for sequence classification.
+The built-in corpus is the Python standard library's source: on every machine, no download, no
+tokenizer (bytes); split by a hash of the file name, stable across machines. A user's data is a local
+file or a Hub dataset (`datasets.load_dataset`), cut into blocks as `run_clm.py` does, or labelled text.
 """
 
 from __future__ import annotations
@@ -74,12 +71,18 @@ def stdlib_lm_datasets(
             if len(target) >= limit:
                 break
             target.append(list(data[start : start + block_size]))
+    _check_blocks(train, evaluation, block_size, train_blocks, eval_blocks)
+    return _as_dataset(train), _as_dataset(evaluation)
+
+
+def _check_blocks(
+    train: list, evaluation: list, block_size: int, train_blocks: int, eval_blocks: int
+) -> None:
     if len(train) < train_blocks or len(evaluation) < eval_blocks:
         raise DataError(
             f"the standard library yielded {len(train)} train / {len(evaluation)} eval blocks "
             f"of {block_size} bytes, fewer than the {train_blocks} / {eval_blocks} asked for"
         )
-    return _as_dataset(train), _as_dataset(evaluation)
 
 
 def _as_dataset(blocks: list[list[int]]) -> Dataset:
@@ -98,12 +101,8 @@ def stdlib_package_snippets(
     packages: tuple[str, ...] = STDLIB_PACKAGES,
     held_out: tuple[int, ...] = (4,),
 ) -> tuple[Dataset, Dataset, list[str]]:
-    """A real labelled task nobody here wrote: which stdlib package does this source snippet come from?
-
-    Columns `text` and `label`; returns (train, eval, label names). Within each package the files at
-    positions `held_out` of every five (sorted by path) are held out, so eval snippets come from files
-    never seen in training; two of five give an eval set large enough to resolve a small speed-up.
-    """
+    """Which stdlib package does this source snippet come from: (train, eval, label names). The files at
+    positions `held_out` of every five are held out, so eval snippets come from files never trained on."""
     from datasets import Dataset
 
     if chars < 16:
@@ -145,13 +144,9 @@ def _snippets(files: list[Path], chars: int, wanted: int) -> list[str]:
 def held_out_chunks(
     documents: Iterable[Sequence[Any]], train_wanted: int, eval_wanted: int, chunk: int, every: int
 ) -> tuple[list[Any], list[Any], list[int]]:
-    """Each document's items cut into contiguous chunks of `chunk`, one chunk in `every` (counted over
-    all documents) held out for evaluation: (train items, eval items, each eval item's chunk number).
-
-    Every document read gives to both sets, so the eval set is the training distribution, and its
-    examples come in hundreds of chunks, the clusters the judge's bootstrap resamples (the items of one
-    chunk are contiguous text and move together; chunks of one document are apart by `every - 1`
-    training chunks). Documents are read in order until both sets are full."""
+    """Each document cut into chunks of `chunk` items, one chunk in `every` held out: (train items, eval
+    items, each eval item's chunk number). Every document gives to both sets, so eval is the training
+    distribution, in hundreds of chunks: the clusters the judge's bootstrap resamples."""
     train: list[Any] = []
     evaluation: list[Any] = []
     clusters: list[int] = []
@@ -174,27 +169,21 @@ def held_out_chunks(
 def stdlib_lm_chunks(
     block_size: int, train_blocks: int, eval_blocks: int, chunk: int = 8, every: int = 9
 ) -> tuple[Dataset, Dataset, list[int]]:
-    """Causal-LM byte blocks of the stdlib source with contiguous chunks of every file read held out for
-    evaluation (the arena's `clm_stdlib`): (train, eval, each eval block's chunk)."""
+    """Stdlib byte blocks with chunks of every file held out (the arena's `clm_stdlib`), and the chunks."""
     documents = (
         [list(data[i : i + block_size]) for i in range(0, len(data) - block_size + 1, block_size)]
         for data in (path.read_bytes() for path in stdlib_source_files())
     )
     train, evaluation, clusters = held_out_chunks(documents, train_blocks, eval_blocks, chunk, every)
-    if len(train) < train_blocks or len(evaluation) < eval_blocks:
-        raise DataError(
-            f"the standard library yielded {len(train)} train / {len(evaluation)} eval blocks "
-            f"of {block_size} bytes, fewer than the {train_blocks} / {eval_blocks} asked for"
-        )
+    _check_blocks(train, evaluation, block_size, train_blocks, eval_blocks)
     return _as_dataset(train), _as_dataset(evaluation), clusters
 
 
 def stdlib_package_chunks(
     chars: int, train_per_label: int, eval_per_label: int, packages: tuple[str, ...] = STDLIB_PACKAGES
 ) -> tuple[Dataset, Dataset, list[int]]:
-    """`stdlib_package_snippets`' task with contiguous chunks of 4 snippets of every file held out for
-    evaluation (one in 5): the same number of distinct training snippets per package, none repeated
-    within a budget that reads them once; (train, eval, each eval snippet's chunk)."""
+    """`stdlib_package_snippets`' task with chunks of 4 snippets of every file held out (one in 5):
+    (train, eval, each eval snippet's chunk)."""
     from datasets import Dataset
 
     root = Path(sysconfig.get_paths()["stdlib"])
@@ -237,11 +226,8 @@ def load_text_dataset(
     columns: Sequence[str] = ("text",),
     validation_split_percentage: int = 5,
 ) -> DatasetDict:
-    """`train` and `validation` splits of a local file or a Hub dataset, checked to hold `columns`.
-
-    Without a validation split, `validation_split_percentage` of `train` is held out (fixed seed), so a
-    single text file can be trained on and evaluated.
-    """
+    """`train` and `validation` splits of a local file or a Hub dataset, checked to hold `columns`; without
+    a validation split, `validation_split_percentage` of `train` is held out (fixed seed)."""
     from datasets import DatasetDict, load_dataset
 
     path = Path(dataset)
@@ -301,11 +287,8 @@ def lm_datasets(
     max_eval: int | None = None,
     validation_split_percentage: int = 5,
 ) -> tuple[Dataset, Dataset]:
-    """(train, eval) causal-LM blocks of `block_size` tokens, `input_ids` and `labels` (identical).
-
-    `dataset` is `stdlib` (bytes without a tokenizer, else the model's tokens; 4096 / 256 blocks unless
-    limited), a local file or a Hub dataset; `max_train` / `max_eval` keep at most that many blocks.
-    """
+    """(train, eval) causal-LM blocks of `block_size` tokens of `stdlib`, a local file or a Hub dataset;
+    `max_train` / `max_eval` keep at most that many blocks."""
     if dataset == STDLIB:
         train_blocks, eval_blocks = max_train or STDLIB_TRAIN_BLOCKS, max_eval or STDLIB_EVAL_BLOCKS
         if tokenizer is None:
@@ -343,8 +326,6 @@ def tokenized_stdlib_lm_datasets(
     tokenizer: Any, block_size: int, train_blocks: int, eval_blocks: int, eval_percent: int = 10
 ) -> tuple[Dataset, Dataset]:
     """The stdlib corpus through a model's tokenizer; reads only as many files as the blocks need."""
-    from datasets import Dataset
-
     wanted = {"train": train_blocks, "eval": eval_blocks}
     ids: dict[str, list[int]] = {"train": [], "eval": []}
     for path in stdlib_source_files():
@@ -360,7 +341,7 @@ def tokenized_stdlib_lm_datasets(
         blocks = group_into_blocks([ids[split]], block_size)[: wanted[split]]
         if not blocks:
             raise DataError(f"the standard library gave no {split} block of {block_size} tokens")
-        out.append(Dataset.from_dict({"input_ids": blocks, "labels": [list(b) for b in blocks]}))
+        out.append(_as_dataset(blocks))
     return out[0], out[1]
 
 
@@ -374,11 +355,8 @@ def labelled_text_datasets(
     max_eval: int | None = None,
     validation_split_percentage: int = 5,
 ) -> tuple[Dataset, Dataset, list[str]]:
-    """(train, eval, label names) of a local file or Hub dataset: columns `text` and `label` (0..n-1).
-
-    A `ClassLabel` column keeps its names; other labels (strings or numbers) are numbered in sorted
-    order of the training split's values, and an evaluation label never seen in training is refused.
-    """
+    """(train, eval, label names), columns `text` and `label` (0..n-1): a `ClassLabel` keeps its names,
+    other labels are numbered in sorted order; an eval label never seen in training is refused."""
     from datasets import ClassLabel, Dataset
 
     raw = load_text_dataset(dataset, config_name, (text_column, label_column), validation_split_percentage)

@@ -1,11 +1,7 @@
 """`hf-hybrid demo`: the plain Trainer and HybridHFTrainer side by side on a small model, offline.
 
-The runs share the model initialisation (same seed), the data, the `TrainingArguments` and the
-learning rate; only the trainer class (with its settings) and the spike runs' fault differ. The table
-shows what the phase machine did (steps per phase, backward passes skipped, rollbacks, the guard's
-restores and skips), where the loss ended, and the measured wall time beside the nominal compute, so
-that neither is read alone. It is a demonstration of the mechanism, not a benchmark: one seed, one
-learning rate, no quality-matched comparison.
+The table shows what the phase machine did, where the loss ended, and the measured wall time beside the
+nominal compute, so that neither is read alone. A demonstration of the mechanism, not a benchmark.
 """
 
 from __future__ import annotations
@@ -58,10 +54,8 @@ class DemoSize:
     train_blocks: int
     eval_blocks: int
     logging_steps: int
-    # Hybrid settings that differ from the library defaults, chosen so the phase machine visibly cycles
-    # within a few hundred steps. The measured confidence (update skill) of this model is ~0.5 right
-    # after warmup and settles at 0.27-0.39 (measured, seed 0), far below the library's conservative
-    # 0.85, so the demo lowers the bar to where the skill actually is.
+    # Chosen so the phase machine visibly cycles: this model's measured confidence settles at 0.27-0.39
+    # (seed 0), far below the library's 0.85, so the demo lowers the bar to where the skill is.
     hybrid: dict[str, Any] = field(default_factory=dict)
 
 
@@ -111,8 +105,7 @@ def run_demo(
     spike: bool = True,
 ) -> dict[str, Any]:
     """Train plain, then hybrid; with `spike`, plain and the spike guard alone again with the learning
-    rate x30 for 3 steps at mid-run (what a scheduler bug or a bad batch does); print the table through
-    `out`; return (and write) the results."""
+    rate x30 for 3 steps at mid-run; print the table through `out`; return (and write) the results."""
     if size not in SIZES:
         raise ValueError(f"`size` must be one of {sorted(SIZES)}, got {size!r}")
     spec = SIZES[size]
@@ -144,8 +137,8 @@ def run_demo(
 
 @dataclass
 class Demo:
-    """One demo: its runs share the model's initialisation (the seed), the data, the arguments and the
-    learning rate; only the trainer class, its settings and the injected fault differ."""
+    """One demo: its runs share the seed, data, arguments and learning rate; only the trainer class, its
+    settings and the injected fault differ."""
 
     spec: DemoSize
     steps: int

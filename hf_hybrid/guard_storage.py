@@ -1,26 +1,10 @@
 """Where the spike guard's copies live, decided once at the start of training from measured sizes.
 
-Two copies (the trusted one and the next) of what a restore puts back:
-
-- `host`: the trainable weights and the optimizer state (with Adam, three times the fp32 weights each);
-- `weights`: the weights only, a third of that; a restore resets the optimizer's moments;
-- `checkpoint`: nothing in memory; a restore reads the last checkpoint the `Trainer` saved (only when it
-  saves checkpoints), weights and optimizer state, from disk;
-- `none`: no copy; bad batches are still skipped, nothing is restored.
-
-With `host` copies the update check (`engine/update_check.py`) keeps one more copy of the weights (no
-optimizer state), filled before a step whose learning rate or gradient norm jumps, when it fits the
-budget too.
-
-`auto` takes the first of host, weights, checkpoint that fits the budget: by default a fifth of the host
-memory available when training starts (`hybrid_guard_memory_mb` sets it). The order and what each costs
-are measured in `benchmarks/README.md` ("The spike guard").
-
-How far apart the copies are is decided here too, from the copy's bytes (`copy_spacing`): a copy of up to
-`hybrid_guard_spacing_mb` is taken every `hybrid_guard_every` steps, a larger one that many times further
-apart per doubling of its size (x16 at most). A copy's cost is a memory copy of all of it, so its share of
-the step grows with its bytes; bytes, not a timing, so that two runs of the same model (a resumed one, one
-on a busy machine) copy at the same steps.
+Two copies of what a restore puts back: `host` (weights and optimizer state), `weights` (a restore
+resets the moments), `checkpoint` (the Trainer's last checkpoint, from disk) or `none` (skips only);
+`host` adds the update check's copy of the weights where it fits. `auto` takes the first that fits the
+budget (default: a fifth of the available host memory; `benchmarks/README.md`, "The spike guard").
+Spacing comes from the copy's bytes (`copy_spacing`), not a timing, so a resumed run copies alike.
 """
 
 from __future__ import annotations
@@ -46,9 +30,8 @@ def available_host_bytes() -> int | None:
 
 
 def optimizer_state_bytes(optimizer: Any, params: Iterable[torch.Tensor]) -> int:
-    """The optimizer state's bytes for `params`: counted where it exists, else estimated from the
-    optimizer's kind before its first step (torch's Adam creates its state lazily): 8-bit optimizers
-    keep two bytes per element, Adam-like ones two tensors of the weight's size, others one."""
+    """The optimizer state's bytes for `params`: counted, else estimated from the optimizer's kind (torch's
+    Adam creates its state lazily): 8-bit two bytes per element, Adam-like two weights, others one."""
     params = list(params)
     counted = sum(
         v.numel() * v.element_size()
@@ -68,8 +51,7 @@ def optimizer_state_bytes(optimizer: Any, params: Iterable[torch.Tensor]) -> int
 
 @dataclass(frozen=True)
 class StoragePlan:
-    """The storage chosen, the bytes its copies take in host memory (the update check's included), the
-    budget, and why; `update_check`: whether the update check's copy fits too."""
+    """The storage chosen, its copies' bytes (the update check's included), the budget, and why."""
 
     storage: str
     copy_bytes: int
@@ -113,10 +95,8 @@ def choose_storage(
     every: int = 10,
     spacing_mb: float = 0.0,
 ) -> StoragePlan:
-    """`requested` (auto, host, weights, checkpoint, none) resolved against the budget; a storage the
-    budget cannot hold falls back to the next one, and the reason says which and why. `update_check`:
-    one more copy of the weights is wanted with `host` copies, where the budget holds it. Copies in
-    memory are spaced by their size (`copy_spacing` with `every` and `spacing_mb`)."""
+    """`requested` resolved against the budget: a storage it cannot hold falls back to the next, the
+    reason says which and why. `update_check`: one more copy of the weights with `host`, where it fits."""
     sizes = {
         "host": 2 * (weights_bytes + state_bytes),
         "weights": 2 * weights_bytes,

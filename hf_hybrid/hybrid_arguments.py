@@ -1,11 +1,7 @@
 """The `hybrid_*` fields, as a dataclass mixin any `TrainingArguments` subclass can carry.
 
-`@dataclass class HybridSFTConfig(HybridArgumentsMixin, SFTConfig): pass` gives TRL's config the same
-fields. Every default comes from the engine's own `EngineConfig`/`PhaseSchedule` (written once, there),
-each field says in its metadata which engine field it sets, and validation is the engine's: building
-the engine configuration in `__post_init__` refuses a bad value under the `hybrid_*` name, before a
-model is loaded or a step is spent. This module imports neither transformers nor torch, so the CLI can
-list the fields fast.
+Defaults and validation are the engine's own (`EngineConfig`/`PhaseSchedule`), a bad value refused
+under its `hybrid_*` name in `__post_init__`. Imports neither transformers nor torch (a fast CLI).
 """
 
 from __future__ import annotations
@@ -26,8 +22,7 @@ _GUARD_DEFAULTS = SpikeGuardConfig()
 
 
 def engine_target(hybrid_name: str) -> tuple[str, str] | None:
-    """Where `hybrid_<name>` goes: ("schedule", name) for PhaseSchedule, ("engine", name) for EngineConfig,
-    None for the fields only the trainer reads."""
+    """Where `hybrid_<name>` goes: ("schedule" | "engine", name), None for the trainer's own fields."""
     name = hybrid_name.removeprefix(PREFIX)
     for owner, source in (("schedule", PhaseSchedule), ("engine", EngineConfig)):
         if name in {f.name for f in fields(source)} and name != "schedule":
@@ -104,10 +99,7 @@ class HybridArgumentsMixin:
         "snapshot_device", "Where the rollback snapshot lives: same (the parameters' device) or cpu."
     )
     hybrid_seed: int | None = field(
-        default=None,
-        metadata={
-            "help": "Seed of the engine's own generators (default: the training `seed`).",
-        },
+        default=None, metadata={"help": "Seed of the engine's own generators (default: the training `seed`)."}
     )
     hybrid_use_bandit: bool = _engine_field(
         "use_bandit", "Choose the horizon with a UCB1 bandit; False always uses the largest allowed."
@@ -141,7 +133,6 @@ class HybridArgumentsMixin:
             "the hybrid configuration or the trainable parameters); counters and timeline carry on."
         },
     )
-
     hybrid_spike_guard: str = field(
         default="auto",
         metadata={
@@ -232,8 +223,7 @@ class HybridArgumentsMixin:
             raise ValueError(exc.message(lambda name: f"hybrid_guard_{name}")) from None
 
     def spike_guard_config(self, storage: str) -> SpikeGuardConfig:
-        """The spike guard's settings, with its copies in `storage` (decided by the trainer from measured
-        sizes, `guard_storage.choose_storage`); `hybrid_spike_guard=off` disables it."""
+        """The spike guard's settings, its copies in `storage` (`guard_storage.choose_storage`)."""
         return SpikeGuardConfig(
             enabled=self.hybrid_spike_guard != "off",
             every=self.hybrid_guard_every,
@@ -244,8 +234,7 @@ class HybridArgumentsMixin:
         )
 
     def engine_config(self) -> EngineConfig:
-        """The engine's view of these arguments: `hybrid_<name>` sets field `<name>` of the engine's
-        PhaseSchedule or EngineConfig (`engine_target`)."""
+        """The engine's view: `hybrid_<name>` sets `<name>` of PhaseSchedule or EngineConfig."""
         schedule: dict[str, Any] = {}
         engine: dict[str, Any] = {}
         for f in hybrid_fields():
@@ -273,8 +262,7 @@ def hybrid_fields() -> tuple[Field, ...]:
 
 
 def hybrid_name(engine_name: str) -> str:
-    """`warmup_steps` -> `hybrid_warmup_steps`: messages speak the user's argument names (`probe_cost` is
-    derived from `hybrid_probe_batches`)."""
+    """`warmup_steps` -> `hybrid_warmup_steps`: messages speak the user's argument names."""
     if engine_name == "probe_cost":
         return "hybrid_probe_batches"
     return engine_name if engine_name.startswith(PREFIX) else PREFIX + engine_name

@@ -1,18 +1,10 @@
 """The "Hybrid training" section of the model card, and the `hf-hybrid` tag.
 
-`Trainer.create_model_card` has no hook for an extra section, so the trainer calls it and then this
-module edits the written README.md: the tag goes into the YAML metadata (peft rewrites the tags of an
-adapter's card, so it is added after peft has run), the section is rendered from a Jinja template
-shipped in the package (as TRL renders its cards) and placed between markers, so rendering twice
-replaces it instead of appending a second copy. Every number in the section comes with a line that
-says what it means, and every setting with its field's help.
-
-Naming the base model and the dataset is the caller's part: `create_model_card(finetuned_from=...,
-dataset=...)` (transformers infers `finetuned_from` only for a Hub id, so a model loaded from a local
-directory reads "trained from scratch" without it). peft writes the base model's `_name_or_path` into an
-adapter card's metadata, a local path for a local directory; `add_hybrid_section(base_model=...)`
-replaces such a path with the name the caller gave. A model built from a config has an empty name,
-which transformers writes as "a fine-tuned version of []": the card says "trained from scratch".
+`Trainer.create_model_card` has no hook for an extra section, so this module edits the written README.md:
+the tag goes into the metadata after peft has run (peft rewrites an adapter card's tags), the section is
+rendered from a Jinja template between markers (rendering twice replaces it). Naming the base model and
+dataset is the caller's part (`create_model_card(finetuned_from=..., dataset=...)`): transformers infers
+it only from a Hub id, so a local directory would read "trained from scratch".
 """
 
 from __future__ import annotations
@@ -47,9 +39,8 @@ def card_context(
     config: Mapping[str, Any],
     timeline: Sequence[Mapping[str, Any]],
 ) -> dict[str, Any]:
-    """Template values from the engine's counters (`stats`), its recent scores (`metrics`), the hybrid
-    settings (`config`, with the seed resolved) and the per-step timeline. Anything not measured in
-    this run is None and shows as n/a."""
+    """Template values from the engine's counters, recent scores, settings and timeline (not measured: None,
+    shown as n/a)."""
     errors = [
         abs(row["loss"] - row["predicted_loss"])
         for row in timeline
@@ -110,12 +101,8 @@ def add_hybrid_section(
     local_base: str | None = None,
 ) -> Path:
     """Put `section` into the card at `readme` (replacing an earlier one) and `tag` into its metadata.
-
-    `base_model` (the `finetuned_from` the card was created with) replaces a local directory that peft
-    wrote as an adapter card's `base_model`, in the metadata and in its `base_model:adapter:` tag.
-    `local_base`: the local directory the model was loaded from when no hub name is known; transformers
-    then calls a fine-tune "trained from scratch", and the card says where it came from instead.
-    """
+    `base_model` replaces a local directory peft wrote as an adapter's `base_model`; `local_base` is named
+    instead of "trained from scratch" when no hub name is known."""
     path = Path(readme)
     card = ModelCard.load(path) if path.exists() else ModelCard("---\n---\n")
     tags = list(card.data.tags or [])
@@ -145,8 +132,8 @@ def add_hybrid_section(
 def write_hybrid_section(
     readme: str | os.PathLike, context: Mapping[str, Any], finetuned_from: str | None, model: Any
 ) -> Path:
-    """The run's section (`card_context`) into the card `Trainer.create_model_card` wrote, the base model
-    named by `finetuned_from`, else by the local directory `model` was loaded from (`local_base_model`)."""
+    """The run's section into the card `Trainer.create_model_card` wrote, the base model named by
+    `finetuned_from`, else by its local directory."""
     local = None if finetuned_from else local_base_model(model)
     return add_hybrid_section(readme, render_section(context), base_model=finetuned_from, local_base=local)
 
@@ -164,8 +151,7 @@ def _setting(value: float | None) -> str:
 
 
 def local_base_model(model: Any) -> str | None:
-    """The local directory a pretrained model (or a peft adapter's base) was loaded from, if any:
-    transformers infers a card's base model only from a Hub name."""
+    """The local directory a pretrained model (or a peft adapter's base) was loaded from, if any."""
     peft_config = getattr(model, "peft_config", None)
     names = [getattr(c, "base_model_name_or_path", None) for c in (peft_config or {}).values()]
     names.append(getattr(getattr(model, "config", None), "_name_or_path", None))

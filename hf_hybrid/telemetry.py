@@ -1,9 +1,7 @@
 """What users see of the hybrid run besides the `hybrid/*` log keys: progress-bar postfix, timeline plot.
 
-Plain functions over plain data (the engine's counters, the trainer's per-step timeline), so they know
-nothing of `Trainer`. matplotlib is imported lazily and drawn on an Agg canvas directly (no pyplot, so
-the user's global backend is left alone): plotting works on a headless node and costs no import when
-no plot is made.
+Plain functions over plain data, knowing nothing of `Trainer`. matplotlib is imported lazily and drawn
+on an Agg canvas (no pyplot: the user's backend is left alone, and a headless node plots too).
 """
 
 from __future__ import annotations
@@ -44,8 +42,8 @@ def _bytes(n: float) -> str:
 
 
 def run_summary(stats: Mapping[str, Any]) -> str:
-    """One paragraph at the end of training: what the phase machine did, what it cost, and, when no
-    predict phase opened, why and what to try."""
+    """One paragraph at the end of training: what the phase machine did, what it cost, and why no phase
+    opened, if none did."""
     steps = stats["steps_per_phase"]
     parts = [
         f"{stats['steps']} steps ({', '.join(f'{n} {phase}' for phase, n in steps.items() if n)})",
@@ -75,8 +73,7 @@ def run_summary(stats: Mapping[str, Any]) -> str:
 
 
 def disabled_stats(config: Any) -> dict[str, Any]:
-    """`hybrid_stats()` of a run without the engine (`hybrid_enabled=False`, an unsupported set-up): the
-    keys of a run that predicted nothing, with zeros, so a script reading them never hits a KeyError."""
+    """`hybrid_stats()` of a run without the engine: the same keys, zeros (a reader never hits a KeyError)."""
     return {
         "enabled": False,
         **HybridEngine.stats_without_engine(config),
@@ -142,10 +139,7 @@ def measured_step_seconds(timeline: Sequence[Mapping[str, Any]]) -> dict[str, fl
 
 
 def measured_time_saved_fraction(timeline: Sequence[Mapping[str, Any]]) -> float | None:
-    """1 - (measured time of all steps) / (the same number of steps at the median real-step time).
-
-    Real steps (warmup, full, correct) give the cost of a step without prediction; None without timings.
-    """
+    """1 - (measured time of all steps) / (as many steps at the median real-step time); None untimed."""
     timed = [row for row in timeline if row.get("seconds") is not None and math.isfinite(row["seconds"])]
     real = sorted(float(row["seconds"]) for row in timed if row["phase"] != "predict")
     if not timed or not real:
@@ -216,11 +210,8 @@ def plot_timeline(timeline: Sequence[Mapping[str, Any]], path: str | os.PathLike
 
 
 def log_image_to_wandb(wandb_module: Any, path: str | os.PathLike, global_step: int) -> None:
-    """Log the plot on the run `WandbCallback` drives, stamped with its step metric (`train/global_step`).
-
-    The callback declares every key's step metric as `train/global_step`, so the image lines up with the
-    last training log instead of advancing wandb's own step counter out of turn.
-    """
+    """Log the plot on the run `WandbCallback` drives, stamped with `train/global_step` (its step metric
+    for every key), so it lines up with the last training log instead of advancing wandb's own step."""
     wandb_module.log(
         {
             WANDB_IMAGE_KEY: wandb_module.Image(str(path), caption="phase timeline"),

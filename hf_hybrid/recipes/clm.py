@@ -1,10 +1,7 @@
 """Causal-LM training with HybridHFTrainer: `hf-hybrid train` and `examples/run_clm_hybrid.py`.
 
-In the style of transformers' `run_clm.py`. The model is a Hub id or a local directory
-(AutoModelForCausalLM with its tokenizer: GPT-2, Llama, Qwen, ...) or, with no `--model_name_or_path`,
-the built-in byte-level GPT-2 trained from scratch. The data is `stdlib` (the Python standard library's
-source, offline), a local .txt/.csv/.json/.jsonl file or a Hub dataset, cut into blocks of
-`--block_size` tokens.
+In the style of transformers' `run_clm.py`: a Hub or local causal LM, or the built-in byte-level GPT-2
+from scratch, on `stdlib`, a local file or a Hub dataset cut into blocks of `--block_size` tokens.
 
     hf-hybrid train --output_dir out --max_steps 200
     hf-hybrid train --model_name_or_path gpt2 --dataset corpus.txt --output_dir out --hybrid_warmup_steps 50
@@ -162,8 +159,8 @@ def resolve_block_size(data_args: DataArguments, model: Any) -> int:
 
 
 def card_kwargs(model_args: ModelArguments, data_args: DataArguments) -> dict[str, Any]:
-    """Model-card fields: the base model whenever one was loaded (transformers names only Hub ids; a
-    local directory would read "trained from scratch") and the dataset by name."""
+    """Model-card fields: the base model whenever one was loaded (transformers names only Hub ids) and the
+    dataset by name."""
     card: dict[str, Any] = {"tasks": "text-generation", "dataset": card_dataset_name(data_args.dataset)}
     if model_args.model_name_or_path is not None:
         card["finetuned_from"] = model_args.model_name_or_path

@@ -1,13 +1,6 @@
-"""What every training script shares around `Trainer.train()`.
-
-- `parse_arguments`: `HfArgumentParser` over the script's dataclasses and the training arguments, from
-  flags or one .json/.yaml file; a bad value exits with the error and one usage line; `--help` lists the
-  `hybrid_*` fields first, then the script's own, without importing transformers; `--help-all` is
-  `HfArgumentParser`'s full list (every `TrainingArguments` field).
-- `setup_run`: logging at the process's level and the seed, before any model is built (bit-identity
-  with the plain `Trainer` needs the model created after `set_seed`).
-- `train_and_finish` / `finish`: train (resuming as `--resume_from_checkpoint` says), then the end of
-  run of transformers' example scripts plus `hybrid_stats.json`.
+"""What every training script shares around `Trainer.train()`: the arguments (a short `--help` that
+imports no transformers), logging and the seed before any model is built (bit-identity with the plain
+`Trainer` needs the model created after `set_seed`), and the end of run plus `hybrid_stats.json`.
 """
 
 from __future__ import annotations
@@ -110,12 +103,8 @@ def parse_arguments(
     training_arguments: type | None = None,
     epilog: str = "",
 ) -> tuple[Any, ...]:
-    """The script's dataclasses and the training arguments (last), from flags or one .json/.yaml file.
-
-    `training_arguments` defaults to `HybridTrainingArguments`; `defaults` replace the dataclasses' own
-    defaults in both forms (the examples' CPU-sized runs). Invalid values exit with the field named and
-    one usage line, before any model is loaded.
-    """
+    """The script's dataclasses and the training arguments (last), from flags or one .json/.yaml file;
+    `defaults` replace the dataclasses' own. Invalid values exit with one usage line, before any model."""
     argv = list(sys.argv[1:] if argv is None else argv)
     defaults = dict(defaults or {})
     training_name = "TrainingArguments" if training_arguments is None else training_arguments.__name__
@@ -163,11 +152,8 @@ def grouped_help(
     training_name: str,
     epilog: str = "",
 ) -> str:
-    """The short `--help`: the `hybrid_*` fields, then each script dataclass, then where the rest is.
-
-    Built with argparse from the dataclass fields alone, so it imports neither transformers nor torch
-    (HfArgumentParser's full help takes seconds and is 750 lines long).
-    """
+    """The short `--help`: the `hybrid_*` fields, then each script dataclass, then where the rest is; from
+    the dataclass fields alone, importing no transformers (HfArgumentParser's help takes seconds)."""
     parser = argparse.ArgumentParser(
         prog=prog, usage=USAGE, add_help=False, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -235,8 +221,7 @@ def _field_help(item: Field, defaults: dict[str, Any]) -> str:
 
 
 def resume_target(value: str | bool | None) -> str | bool | None:
-    """`--resume_from_checkpoint True` arrives as the string "True" (the field is `str | None`): that means
-    the newest checkpoint in `output_dir`, "False" means no resume, anything else is a checkpoint path."""
+    """`--resume_from_checkpoint` arrives as a string: "True" is the newest checkpoint, "False" none."""
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return True if value.lower() == "true" else None
     return value
@@ -264,8 +249,7 @@ def run_recipe(
     perplexity: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
-    """A recipe's `main`: its (model, data) arguments and the training arguments, logging and seed, the
-    trainer `build_trainer` makes of them, training and `finish()` with `card_kwargs`' model card."""
+    """A recipe's `main`: arguments, logging and seed, `build_trainer`'s trainer, training, `finish()`."""
     model_args, data_args, training_args = parse_arguments(script_types, argv, **options)
     setup_run(training_args)
     trainer = build_trainer(model_args, data_args, training_args)
@@ -281,10 +265,8 @@ def train_and_finish(trainer: Any, card: dict[str, Any], *, perplexity: bool = F
 def finish(
     trainer: Any, train_result: Any, card: dict[str, Any], *, perplexity: bool = False
 ) -> dict[str, Any]:
-    """The end of a run, as transformers' example scripts end: the model (with its tokenizer, or the
-    adapter), the train metrics and trainer state, an evaluation (with perplexity for a language model),
-    the model card with `card`'s fields (pushed with the model under `--push_to_hub`), and
-    `hybrid_stats.json`, whose one-line JSON is also printed. Returns {"train", "eval", "hybrid"}."""
+    """The end of a run as transformers' example scripts end (model, metrics, state, evaluation, model
+    card), plus `hybrid_stats.json`, also printed on one line. Returns {"train", "eval", "hybrid"}."""
     trainer.save_model()
     train_metrics = {**train_result.metrics, "train_samples": len(trainer.train_dataset)}
     trainer.log_metrics("train", train_metrics)
