@@ -1,11 +1,9 @@
 """What the engine did, counted: steps per phase, backward passes run and skipped, rollbacks, refusals,
 and the compute they cost in forward-pass units by a *nominal* cost model.
 
-The nominal model prices a forward at 1 and a backward at 2 (a real step 3, a checked predicted step 1,
-a blind one 0): the textbook rule for large models on accelerators, and the same on every machine, so
-a run's `compute_units` and `compute_saved_fraction` can be compared anywhere. It is not a measurement:
-on a small CPU model a backward costs about 0.64 of a forward, so skipping one saves less. The arena
-(`hf_hybrid/bench/calibration.py`) prices every kind of step by timing it on the task instead."""
+The nominal model (forward 1, backward 2) is the textbook rule for large models, the same on every
+machine; not a measurement (on a small CPU model a backward costs ~0.64 of a forward). The arena prices
+every kind of step by timing it on the task instead (`hf_hybrid/bench/calibration.py`)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Something that went wrong in a step, in one shape for every checker.
 
-The divergence monitor, a predict phase's verdict, the update watch's predictor and the guard each return
-`Alarm`s (a level and a reason); the engine gathers a step's alarms as they are and `recovery` maps them
-to the one action it performs, so no checker's own shape of "went wrong" leaks past it.
+Every checker returns `Alarm`s (a level and a reason); `recovery` maps a step's alarms to the one action
+the engine performs, so no checker's own shape of "went wrong" leaks past it.
 """
 
 from __future__ import annotations
@@ -26,13 +25,9 @@ class DivergenceLevel(IntEnum):
 
 @dataclass(frozen=True)
 class Alarm:
-    """One thing that went wrong. `blames_weights=False` for failures that say nothing about the
-    parameters (a predictor that crashed while only being scored): they never cause a rollback.
-    `restorable`: a loss spike the spike guard can undo by restoring a copy from before it;
-    `skips_step`: the step's update must not be applied (a non-finite gradient, or a spike blamed on the
-    batch); `takes_back`: that update was applied before it was judged (the spike guard's update check),
-    so skipping it puts back the weights of before the step; `spike`: raised by the spike guard (its skips
-    are counted as the guard's)."""
+    """One thing that went wrong. `blames_weights=False`: says nothing about the parameters (never a
+    rollback); `restorable`: a spike a restore can undo; `skips_step`: the update must not be applied;
+    `takes_back`: it was applied before being judged (skipping puts them back); `spike`: the guard's."""
 
     level: DivergenceLevel
     reason: str

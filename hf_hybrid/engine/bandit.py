@@ -1,8 +1,7 @@
 """Choosing the predict horizon (how many optimizer steps to predict in a row) with a UCB1 bandit.
 
-Longer horizons save more backward passes but are riskier; the best length depends on the model, the
-data and the phase of training, so it is learnt online from the reward of each finished predict phase
-instead of being fixed by hand.
+Longer horizons save more but are riskier, and the best length depends on the model, the data and the
+phase of training, so it is learnt online from each finished predict phase's reward.
 """
 
 from __future__ import annotations
@@ -27,10 +26,7 @@ def _is_int(value: object) -> bool:
 
 
 def default_arms(min_steps: int, max_steps: int) -> list[int]:
-    """Candidate horizons: ``min_steps``, every power of two strictly between, and ``max_steps``.
-
-    Powers of two give a geometric grid, so a handful of arms covers a wide range of horizons.
-    """
+    """Candidate horizons: ``min_steps``, the powers of two strictly between, ``max_steps``."""
     if not _is_int(min_steps) or min_steps < 1:
         raise ValueError(f"min_steps must be an int >= 1, got {min_steps!r}")
     if not _is_int(max_steps) or max_steps < min_steps:
@@ -45,16 +41,8 @@ def default_arms(min_steps: int, max_steps: int) -> list[int]:
 
 
 def phase_reward(predicted_steps: int, full_steps: int, rolled_back: bool, skill: float) -> float:
-    """Reward in [0, 1] for one finished predict phase.
-
-    ``reward = predicted_steps / (predicted_steps + full_steps + 1) * clamp(skill, 0, 1)``
-
-    The fraction is the share of backward passes the phase saved in its cycle (``full_steps`` real steps
-    before it, ``predicted_steps`` skipped ones, and the one CORRECT step that closes it); ``skill``
-    (1 = perfect prediction, <= 0 = no better than not predicting) discounts savings bought with bad
-    predictions. A rolled-back phase saved nothing, so it earns 0; a NaN skill also earns 0, since an
-    unmeasurable prediction deserves no credit.
-    """
+    """``predicted_steps / (predicted_steps + full_steps + 1) * clamp(skill, 0, 1)``: the share of backward
+    passes its cycle saved, discounted by bad predictions; a rolled-back phase or a NaN skill earns 0."""
     if not _is_int(predicted_steps) or predicted_steps < 0:
         raise ValueError(f"predicted_steps must be an int >= 0, got {predicted_steps!r}")
     if not _is_int(full_steps) or full_steps < 0:
@@ -67,12 +55,8 @@ def phase_reward(predicted_steps: int, full_steps: int, rolled_back: bool, skill
 
 
 class HorizonBandit:
-    """UCB1 over a fixed set of horizons; rewards come from :func:`phase_reward`.
-
-    ``exploration`` scales the UCB1 bonus ``sqrt(2 ln N / n_arm)``: rewards of real phases span a narrow
-    part of [0, 1], so a value below 1 converges faster at the price of less exploration. Randomness
-    (tie breaking only) comes from a private seeded generator, never the global torch RNG.
-    """
+    """UCB1 over a fixed set of horizons. ``exploration`` scales the bonus ``sqrt(2 ln N / n_arm)`` (real
+    rewards span a narrow range: below 1 converges faster); ties break with a private generator."""
 
     def __init__(self, arms: Sequence[int], seed: int = 0, exploration: float = 1.0) -> None:
         arms = list(arms)
@@ -96,11 +80,8 @@ class HorizonBandit:
         self._generator.manual_seed(seed)
 
     def select(self, max_horizon: int | None = None) -> int:
-        """Horizon for the next predict phase.
-
-        Only arms <= ``max_horizon`` are eligible (the smallest arm when none is). Unplayed arms go first,
-        shortest first, because short horizons are the safe ones to learn from.
-        """
+        """Horizon for the next predict phase among arms <= ``max_horizon`` (else the smallest); unplayed
+        arms first, shortest first (short horizons are the safe ones to learn from)."""
         eligible = self.arms if max_horizon is None else [arm for arm in self.arms if arm <= max_horizon]
         if not eligible:
             return self.arms[0]

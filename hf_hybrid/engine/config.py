@@ -1,9 +1,7 @@
 """The engine's configuration, validated where it is built.
 
-`EngineConfig` (and the `PhaseSchedule` inside it) refuse a bad value in `__post_init__` with a
-`ConfigError` that names the field, the value and what is allowed, so the engine is safe on its own in a
-plain PyTorch loop. `HybridTrainingArguments` takes its defaults from these classes and re-raises their
-errors under its own `hybrid_*` names (`ConfigError.message(rename)`), so nothing is validated twice.
+A bad value is refused in `__post_init__` with a `ConfigError` naming the field, so the engine is safe on
+its own; `HybridTrainingArguments` re-raises it under its `hybrid_*` name (nothing is validated twice).
 """
 
 from __future__ import annotations
@@ -23,12 +21,8 @@ MAX_SEED = 2**63 - 1
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Everything the engine's decisions depend on (the phase budgets live in `schedule`).
-
-    `predictor` names a registered predictor (or `auto`); `predictor_kwargs` go to its constructor.
-    `probe_cost` is the forward units of one probe evaluation (0: no probe). While dormant the engine
-    observes the averaged real update every `dormant_every` FULL steps (1: every step, never dormant).
-    """
+    """Everything the engine's decisions depend on (the phase budgets live in `schedule`). `probe_cost`:
+    forward units of one probe evaluation; `dormant_every`: FULL steps between dormant observations."""
 
     schedule: PhaseSchedule = field(default_factory=PhaseSchedule)
     predictor: str = "ema"
@@ -67,8 +61,7 @@ class EngineConfig:
         check_int("dormant_every", self.dormant_every, 1, 1_000_000)
 
     def _check_predictor_kwargs(self) -> None:
-        """Refuse a keyword the predictor's constructor does not take now, not as a TypeError when the
-        engine builds it (for `auto`, every predictor it may resolve to must take it)."""
+        """Refuse a keyword the predictor does not take now, not as a TypeError later."""
         from .predictor import AUTO, AUTO_CANDIDATES, constructor_arguments
 
         for name in AUTO_CANDIDATES if self.predictor == AUTO else (self.predictor,):
@@ -90,9 +83,8 @@ class EngineConfig:
         }
 
     def describe_mismatch(self, saved: Mapping[str, Any], rename: Callable[[str], str] = str) -> str | None:
-        """Why a state saved under `saved` (a fingerprint) cannot be used here; None if it can.
-
-        Fields are named by `rename` (the trainer passes the `hybrid_*` argument names)."""
+        """Why a state saved under `saved` (a fingerprint) cannot be used here (None: it can); fields named
+        by `rename`."""
         now = _flat(self.fingerprint())
         before = _flat(dict(saved))
         if scripts_agree(before.get("script"), now.get("script")):
@@ -112,32 +104,18 @@ def _flat(fingerprint: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class SpikeGuardConfig:
-    """A spike: a loss more than `max_z` noise units above the median of the last few clean steps and at
-    least `min_rise` of it above (`min_rise_after_spike` right after a skipped or restored spike), or a
-    gradient norm over `max_grad_ratio` times the median of the last `history` clean steps (judged once
-    `min_history` are in). Medians and step-to-step differences over a window, not a running mean and
-    variance: the steep early descent of a fine-tune would otherwise inflate the spread for hundreds of
-    steps and hide a real spike. Why two rises: a classifier's batch losses are heavy-tailed (a clean
-    MiniLM-LoRA batch came 39% and 6 noise units above the level), while a fault's first step is not
-    (random text, shuffled labels and an lr burst raised it 53-100% on the bench tasks) and its later
-    steps, once one was caught, may rise less (shuffled labels on the GPT-2: +53%, then +34%):
-    `benchmarks/spike_replay.py`.
+    """A spike: a loss over `max_z` noise units above the median of the last clean steps and at least
+    `min_rise` of it above (`min_rise_after_spike` right after a spike), or a gradient norm over
+    `max_grad_ratio` times the recent median. Medians over a window, not a running mean and variance: a
+    fine-tune's steep early descent would inflate the spread and hide a real spike. Two rises: a
+    classifier's clean batch losses are heavy-tailed (+39%), a fault's first step is not (+53-100%), its
+    later ones may rise less (`benchmarks/spike_replay.py`).
 
-    `patience`: firing steps blamed on the weights before a restore (and quiet steps that end the
-    suspicion: the loss came back by itself). `storage`: where the copies live: `host` (weights and
-    optimizer state on `device`), `weights` (weights only; a restore resets the optimizer's state),
-    `checkpoint` (the last checkpoint the caller saved; the caller supplies the copies) or `none` (no
-    copy: bad batches are skipped, nothing is restored).
-
-    `every`: clean steps between two copies (the trainer widens it for large copies from their bytes,
-    `guard_storage.copy_spacing`: a function of sizes, never of a timing, so that a resumed run copies
-    at the steps the uninterrupted run copies at).
-
-    `max_update_ratio`: an applied update over this many times the median of the recent ones that raised
-    its own batch's loss, or that belongs to a learning-rate excursion that came back down, is taken back
-    (`update_check.py`; 0: no such check). It keeps one more copy of the trainable weights, filled before a
-    step whose learning rate or gradient norm jumps, so it runs only with `host` storage; every step it
-    reads a sample of the weights."""
+    `patience`: firing steps blamed on the weights before a restore (and quiet steps that end it).
+    `storage`: `host` (weights and optimizer state on `device`), `weights` (a restore resets the optimizer
+    state), `checkpoint` (the caller's copies) or `none` (skips only). `every`: clean steps between copies
+    (widened from bytes, never timings, so a resumed run copies alike). `max_update_ratio`: the update
+    check's limit (`update_check.py`; 0: off), `host` storage only."""
 
     enabled: bool = True
     every: int = 10

@@ -1,19 +1,11 @@
 """When the spike guard copies the training state, which copy it trusts, and which one a restore goes
 back to.
 
-Every `every` clean applied steps a copy of the trainable weights and the optimizer state is taken (into
-the store not holding the trusted copy). A copy is *pending* until `trust_after` clean steps have followed
-it, then *trusted*: a spike is often seen a step or more after the update that caused it, so only a copy
-with clean steps after it is a state to go back to. A restore for a fault whose first firing step is known
-(its *onset*) goes back to the newest copy taken well before that onset (`ONSET_MARGIN` steps: a lasting
-shift is seen up to `SHIFT_STEPS` steps after its first raised loss), the pending one included, rather
-than to the last trusted one: a restore gives back less clean progress.
-
-Every decision here is a function of the step numbers and of the state a checkpoint carries: the spacing
-(`every`, decided from the copy's bytes before training, `guard_storage.copy_spacing`), the copies' steps
-and the count of clean steps since the pending one. Saving the engine `rebase`s the copies on the saved
-state itself, which a resumed run copies again, so a resumed run holds the copies the uninterrupted run
-holds at every step.
+A copy is *pending* until `trust_after` clean steps follow it, then *trusted* (a spike is often seen a
+step after its cause). A restore goes back to the newest copy taken `ONSET_MARGIN` steps before the
+fault's onset, the pending one included (less clean progress given back). Every decision is a function
+of step numbers and checkpointed state; saving `rebase`s the copies on the saved state, so a resumed run
+holds the copies the uninterrupted one holds.
 """
 
 from __future__ import annotations
@@ -47,8 +39,7 @@ class CopySchedule:
         self.clean_since_pending = 0
 
     def advance(self, step: int) -> None:
-        """A clean applied step (never while the weights are suspect: a copy of damaged weights must not
-        become trusted): a pending copy earns trust; a copy is due every `every` steps."""
+        """A clean applied step (never while suspect): a pending copy earns trust; a copy may be due."""
         if self.pending.step is not None:
             self.clean_since_pending += 1
             if self.clean_since_pending >= self.trust_after:
@@ -58,17 +49,14 @@ class CopySchedule:
             self._take(step)
 
     def before(self, onset: int) -> CopyStore:
-        """The copy a restore for a fault first seen at `onset` goes back to: the pending copy when it was
-        taken `ONSET_MARGIN` steps or more before the onset (and can be restored), else the trusted one."""
+        """The pending copy if taken `ONSET_MARGIN` steps before `onset` and restorable, else the trusted."""
         pending = self.pending
         if pending.step is not None and pending.step <= onset - ONSET_MARGIN and pending.available() is None:
             return pending
         return self.trusted
 
     def restored(self, store: CopyStore, step: int) -> int:
-        """`store` was put back at `step`: it is the trusted copy from now on (a copy in memory now holds
-        this step's state; a checkpoint keeps its folder's step), and no copy is pending. Returns the
-        step the restored state is of."""
+        """`store` was put back at `step`: it is the trusted copy now, none pending; returns its old step."""
         of = store.step
         if store is self.pending:
             self.trusted, self.pending = self.pending, self.trusted
@@ -79,17 +67,13 @@ class CopySchedule:
         return of
 
     def rebase(self, step: int) -> None:
-        """The caller saved a checkpoint of this step: the copies start again from it (a pending copy of
-        this very state, no trusted one in memory; a trusted checkpoint on disk stays), exactly as a run
-        resumed from that checkpoint starts them."""
+        """A checkpoint of this step was saved: the copies start again from it, as a resumed run's do."""
         if not self.trusted.persistent:  # dropped, as a resumed run never had it
             self.trusted.step = None
         self._take(step)
 
     def _take(self, step: int) -> None:
-        """A pending copy of this step; the other store holds the buffers of one from the first copy on
-        (two copies are what the guard budgets), so the memory a run holds is the same whether it went on
-        from a save or was resumed from it."""
+        """A pending copy of this step; the other store reserves its buffers (the guard budgets two)."""
         self.pending.take(step, self.params, self.optimizer)
         self.clean_since_pending = 0
         other = self.trusted
@@ -108,8 +92,7 @@ class CopySchedule:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """A resumed run: the weights and optimizer state loaded by now are the pending copy's, taken
-        again here; the spacing is the saved one (the run that saved it decided it)."""
+        """A resumed run: the state loaded by now is the pending copy's; the spacing is the saved one."""
         self.every = int(state.get("copy_every") or self.every)
         self.trusted.clear()
         self.pending.clear()

@@ -1,9 +1,7 @@
 """Watching training for divergence: how far from normal each step looks.
 
-Predicted steps apply updates nobody computed a gradient for, so a run can drift off quickly; several
-cheap signals (loss, gradient norm, prediction error) are scored against the recent clean steps by the
-engine's one spike detector (`spike_detector.py`: a robust level and step-to-step noise over a window)
-and the worst one decides the level. What to do about a level is decided in one place, `recovery.py`.
+Predicted steps apply updates nobody computed a gradient for, so a run can drift off quickly: cheap
+signals are scored against the recent clean steps (`spike_detector.py`); what to do: `recovery.py`.
 """
 
 from __future__ import annotations
@@ -19,14 +17,12 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["DivergenceLevel", "DivergenceMonitor"]
 
-# Lower bound of the noise used in z-scores, relative to |level|: a perfectly flat loss would otherwise give
-# infinite z-scores for the smallest wiggle. The absolute floor covers a level of (almost) zero.
+# Floors of the noise in z-scores (relative to |level|, and absolute): a flat loss would give infinite ones.
 REL_STD_FLOOR = 1e-2
 ABS_STD_FLOOR = 1e-6
 HISTORY = 100  # the window of recent clean steps each signal is scored against
-# A value's distance from the level (the median of the last 5) varies more than the value itself: the
-# median of 5 Gaussian values adds pi/10 to the variance. The monitor's z-scores are in units of that
-# distance's spread, so that its bands (sigma, 1.5 sigma, 2 sigma) mean what they say on a clean run.
+# z-scores in units of a value's distance from the level (the median of 5 adds pi/10 to the variance), so
+# that the bands mean what they say on a clean run.
 LEVEL_SPREAD = math.sqrt(1 + math.pi / (2 * LEVEL_STEPS))
 
 
@@ -40,25 +36,11 @@ def _as_float(name: str, value: float | None) -> float | None:
 
 
 class DivergenceMonitor:
-    """Scores each optimizer step against the recent clean steps before it.
-
-    Signals (each only once its window holds ``min_history`` finite values, except the non-finite check):
-
-    * non-finite loss or grad norm: CRITICAL at once;
-    * ``loss_z``: one-sided z-score of the loss against the recent level, in units of the step-to-step
-      noise (a rising loss is bad, a drop is fine);
-    * ``grad_ratio``: grad norm over its recent median; > ``grad_spike_ratio`` is WARNING,
-      > ``grad_spike_ratio ** 2`` CRITICAL;
-    * ``prediction_error_z``: one-sided z-score of the signed ``actual - predicted loss`` (a loss better than
-      forecast never alarms); a non-finite prediction error is WARNING (the predictor is broken, the
-      weights need not be).
-
-    z-scores map to levels as ``> sigma`` CAUTION, ``> 1.5 sigma`` WARNING, ``> 2 sigma`` CRITICAL. The
-    windows only take steps below WARNING, so a spike never poisons the baseline it is judged against. A
-    shift that persists for `min_history` alarmed steps in a row is a new regime, not a spike: the
-    alarming window is learnt again from scratch, so a lasting change (a schedule restart, a loss model
-    that is now biased) cannot lock training into forced FULL steps for ever.
-    """
+    """Scores each optimizer step against the recent clean steps: non-finite values (CRITICAL), the
+    one-sided ``loss_z`` and ``prediction_error_z`` (> sigma CAUTION, > 1.5 WARNING, > 2 CRITICAL) and
+    ``grad_ratio`` (> ``grad_spike_ratio`` WARNING, its square CRITICAL). The windows take only steps
+    below WARNING, so a spike never poisons its baseline; `min_history` alarmed steps in a row are a new
+    regime, learnt again, so a lasting change cannot force FULL steps for ever."""
 
     def __init__(
         self,
@@ -88,15 +70,6 @@ class DivergenceMonitor:
         self._errors = SpikeDetector(thresholds)  # the loss forecast's errors
         self._alarm_streak = 0
         self.signals: dict[str, float] = {}  # the signals scored by the last `check`
-
-    def _z_level(self, z: float) -> DivergenceLevel:
-        if z > 2.0 * self.sigma:
-            return DivergenceLevel.CRITICAL
-        if z > 1.5 * self.sigma:
-            return DivergenceLevel.WARNING
-        if z > self.sigma:
-            return DivergenceLevel.CAUTION
-        return DivergenceLevel.NORMAL
 
     def check(
         self, loss: float | None, grad_norm: float | None = None, prediction_error: float | None = None
@@ -169,23 +142,12 @@ class DivergenceMonitor:
         )
 
     def _z_alarm(self, signal: str, z: float, what: str) -> Alarm | None:
-        """A z-score's alarm at the level it reached (None: NORMAL); the score kept in `signals`."""
+        """A z-score's alarm at the highest band it crossed (None: NORMAL); the score kept in `signals`."""
         self.signals[signal] = z
-        level = self._z_level(z)
-        return (
-            Alarm(level, f"{what} {z:.1f} > {self._bound(level):.1f}")
-            if level > DivergenceLevel.NORMAL
-            else None
-        )
-
-    def _bound(self, level: DivergenceLevel) -> float:
-        """The z threshold that ``level`` crossed (for the reason text)."""
-        return {
-            DivergenceLevel.NORMAL: 0.0,
-            DivergenceLevel.CAUTION: self.sigma,
-            DivergenceLevel.WARNING: 1.5 * self.sigma,
-            DivergenceLevel.CRITICAL: 2.0 * self.sigma,
-        }[level]
+        for factor, level in _BANDS:
+            if z > factor * self.sigma:
+                return Alarm(level, f"{what} {z:.1f} > {factor * self.sigma:.1f}")
+        return None
 
     def _rebaseline(self, signals: dict[str, float]) -> None:
         """Forget the windows that keep alarming (finite signals above the WARNING bound)."""
@@ -206,8 +168,7 @@ class DivergenceMonitor:
         self._alarm_streak = 0
 
     def loss_stats(self) -> tuple[float, float]:
-        """The loss's recent level and the spread its z-scores are in units of (floor included); nan
-        before data."""
+        """The loss's recent level and the spread its z-scores are in units of; nan before data."""
         if not self._steps.losses:
             return math.nan, math.nan
         level, noise = self._steps.level_and_noise()
@@ -229,6 +190,9 @@ class DivergenceMonitor:
         self._steps.load_state_dict(state["steps"])
         self._errors.load_state_dict(state["prediction_errors"])
         self._alarm_streak = int(state.get("alarm_streak", 0))
+
+
+_BANDS = ((2.0, DivergenceLevel.CRITICAL), (1.5, DivergenceLevel.WARNING), (1.0, DivergenceLevel.CAUTION))
 
 
 def _finite_or_none(value: float | None) -> float | None:

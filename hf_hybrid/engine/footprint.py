@@ -1,10 +1,8 @@
 """The engine's own tensor bytes, by where they live, now and at their largest.
 
-Counting walks every buffer the engine holds, so it is done only after a step that may have changed
-them: when the layout (which buffers exist: awake or asleep, a snapshot, carried rounding errors)
-differs from the last count's, or when the engine forces it (a predicted write, a predictor's first
-updates); `hybrid_stats()` reads the last count. The peak travels with the checkpoint, so a resumed run
-reports what the uninterrupted one does.
+Counting walks every buffer, so it is done only when the layout (which buffers exist) changed or the
+engine forces it. The peak travels with the checkpoint, so a resumed run reports what the uninterrupted
+one does.
 """
 
 from __future__ import annotations

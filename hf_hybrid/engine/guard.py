@@ -1,13 +1,9 @@
 """Safety around every predicted update: trust region, NaN guard, snapshot and rollback.
 
-Applying a delta is all-or-nothing: every tensor is checked before any is written, so a refused
-delta leaves the model exactly as it was. The arithmetic is fp32; for low-precision parameters the
-rounding error of each write is carried to the next one (compensated summation), so updates smaller
-than one bf16 ulp are not silently lost.
-
-With sharded parameters (see `sharding.py`) the snapshot, the compensation and the writes are per shard,
-and the whole-tensor quantities of the checks (the parameter's norm and rms, the clipped delta's norm,
-"is any element non-finite") are shard sums added over the ranks, so every rank applies or refuses alike.
+Applying a delta is all-or-nothing (every tensor checked before any is written). The arithmetic is fp32
+and, for low-precision parameters, each write's rounding error is carried to the next (compensated
+summation), so updates under one bf16 ulp are not lost. Sharded, the whole-tensor quantities are shard
+sums added over the ranks, so every rank applies or refuses alike.
 """
 
 from __future__ import annotations
@@ -28,12 +24,8 @@ Applied = tuple[Alarm | None, dict[str, torch.Tensor]]  # (why it was refused, o
 def clip_to_trust_region(
     delta: torch.Tensor, param: torch.Tensor, max_delta: float
 ) -> tuple[torch.Tensor, bool]:
-    """Cap a predicted delta per element and per tensor, relative to the parameter it moves.
-
-    Per element: |delta_i| <= max_delta * max(|theta_i|, rms(theta)) (the rms floor lets entries at
-    zero move, e.g. a LoRA B matrix). Per tensor: ||delta|| <= max_delta * ||theta||. Returns the capped
-    delta (`delta` itself when nothing was capped) and whether anything was.
-    """
+    """Cap a delta per element, |delta_i| <= max_delta * max(|theta_i|, rms(theta)) (the rms floor lets a
+    LoRA B at zero move), and per tensor, ||delta|| <= max_delta * ||theta||; (capped delta, capped?)."""
     clipped, changed, _ = _clip(delta, param.detach().float(), max_delta, _peak(delta))
     return clipped, changed
 
@@ -46,12 +38,8 @@ def _peak(delta: torch.Tensor) -> float:
 def _clip(
     delta: torch.Tensor, theta: torch.Tensor, max_delta: float, peak: float
 ) -> tuple[torch.Tensor, bool, float]:
-    """`clip_to_trust_region` given theta in fp32 and `_peak(delta)`; also returns ||theta||.
-
-    Every element cap is at least max_delta * rms(theta) (computed in fp32, as the caps are), so a delta
-    whose largest element is under it passes the element caps unchanged: the three element-wise passes
-    that compute and apply the caps are skipped (predicted updates are usually far below the caps).
-    """
+    """`clip_to_trust_region` given theta in fp32 and `_peak(delta)`; also returns ||theta||. A delta whose
+    peak is under every cap's floor, max_delta * rms(theta), skips the three element-wise passes."""
     theta_norm = float(torch.linalg.vector_norm(theta)) if theta.numel() else 0.0
     rms = theta_norm / math.sqrt(max(theta.numel(), 1))
     floor = float(torch.tensor(rms, dtype=torch.float32) * max_delta)
@@ -79,8 +67,6 @@ class ParameterGuard:
         timer: PartTimer | None = None,
         counters: StepCounters | None = None,
     ) -> None:
-        """`timer`: the engine's, where the trust region's clipping is charged apart from the rest;
-        `counters`: the engine's, where the tensors the trust region clipped are counted."""
         if snapshot_device not in ("same", "cpu"):
             raise ValueError(f"`snapshot_device` must be 'same' or 'cpu', got {snapshot_device!r}")
         self.params = dict(params)
@@ -108,8 +94,7 @@ class ParameterGuard:
 
     @torch.no_grad()
     def restore_snapshot(self) -> Mapping[str, torch.Tensor]:
-        """Put the parameters back exactly as they were at the snapshot; returns the snapshot (what the
-        parameters' local values are now)."""
+        """Put the parameters back exactly as they were at the snapshot; returns the snapshot."""
         if not self.snapshot:
             raise RuntimeError("restore_snapshot() called with no snapshot taken")
         for name, p in self.params.items():
@@ -123,11 +108,8 @@ class ParameterGuard:
 
     @torch.no_grad()
     def apply(self, deltas: Mapping[str, torch.Tensor], max_delta: float, scale: float = 1.0) -> Applied:
-        """Apply predicted deltas, times `scale`, within the trust region, or nothing at all.
-
-        Returns (None, the deltas actually applied after clipping, for the update watch), or, refused,
-        (a CRITICAL alarm that says why, {}): the weights are as they were.
-        """
+        """Apply predicted deltas, times `scale`, within the trust region, or nothing at all: (None, the
+        deltas applied) or, refused, (a CRITICAL alarm that says why, {})."""
         unknown = set(deltas) - set(self.params)
         if unknown:
             return _refused(f"delta for unknown parameters {sorted(unknown)[:3]}")
@@ -161,21 +143,15 @@ class ParameterGuard:
         return None, final
 
     def _stays_finite(self, name: str, p: torch.Tensor, delta: torch.Tensor, theta_norm: float) -> bool:
-        """Would writing `delta` keep `p` finite? A clipped delta moves no element by more than
-        max_delta (<= 1) * max(|theta_i|, rms(theta)) <= ||theta||, so every target is within
-        2 ||theta|| (plus a carried rounding error): far below the dtype's largest value that settles it
-        without a pass over the tensor; near it, or with theta not finite, the targets are checked."""
+        """Would writing `delta` keep `p` finite? A clipped target is within 2 ||theta|| (plus a carried
+        rounding error): far below the dtype's max that settles it without a pass over the tensor."""
         if math.isfinite(theta_norm) and 4.0 * theta_norm < torch.finfo(p.dtype).max:
             return True
         return bool(torch.isfinite(self._target(name, p, delta).to(p.dtype)).all())
 
     def _apply_sharded(self, deltas: Mapping[str, torch.Tensor], max_delta: float, scale: float) -> Applied:
-        """`apply` on this rank's shards, with `clip_to_trust_region`'s caps taken over whole tensors.
-
-        Three all-reduces, each batched over all tensors (each needs the one before: the element cap
-        needs the parameter's rms, the tensor cap the element-clipped delta's norm, the last check the
-        final delta). A refusal names the first tensor, in the parameters' order, that any rank refused.
-        """
+        """`apply` on this rank's shards, the caps over whole tensors: three all-reduces, each batched
+        over all tensors (each needs the one before). A refusal names the first tensor any rank refused."""
         names = [name for name in self.params if name in deltas]  # the same order on every rank
         shards = {name: local(self.params[name]) for name in names}
         theta = {name: shards[name].detach().float() for name in names}

@@ -1,9 +1,7 @@
 """Where a copy of the training state lives, and how it is taken and put back.
 
-The spike guard keeps two copies (the trusted one and the next, `copy_schedule.py`); each is a
-`CopyStore`: `HostCopy` (the trainable weights and the optimizer state, or the weights only, in buffers
-reused from copy to copy), `NoCopy` (`storage="none"`: nothing kept), or the caller's own (the trainer's
-last checkpoint on disk). Sharded parameters are copied and restored shard by shard (`local`).
+The spike guard's two copies (`copy_schedule.py`) are each a `HostCopy`, a `NoCopy` or the caller's own
+(the trainer's last checkpoint). Sharded parameters are copied and restored shard by shard (`local`).
 """
 
 from __future__ import annotations
@@ -20,9 +18,8 @@ __all__ = ["CopyStore", "HostCopy", "NoCopy", "host_copies"]
 
 
 class CopyStore(Protocol):
-    """Where a copy of the training state lives. `step` is None while it holds nothing; `periodic`: the
-    guard takes one every `every` clean steps (else only at the caller's checkpoints, `rebase`);
-    `persistent`: it outlives the process (a checkpoint on disk), so a resumed run has it too."""
+    """Where a copy of the training state lives (`step` None: nothing). `periodic`: taken every `every`
+    clean steps (else at checkpoints); `persistent`: it outlives the process (a resumed run has it)."""
 
     step: int | None
     periodic: bool
@@ -50,10 +47,8 @@ class CopyStore(Protocol):
 
 
 class HostCopy:
-    """Parameters (and, unless `weights_only`, the optimizer state) at one step, in buffers reused from
-    copy to copy, on `device` ("cpu": host memory, pinned under CUDA; "same": the parameters' device).
-    A weights-only copy restores the weights and resets the optimizer's state for them (Adam starts its
-    moments again), at a third of the memory with Adam."""
+    """Parameters (and, unless `weights_only`, the optimizer state) at one step, in reused buffers on
+    `device`. Weights only: a restore resets the optimizer's state, at a third of the memory with Adam."""
 
     periodic, persistent = True, False
 

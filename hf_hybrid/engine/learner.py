@@ -1,12 +1,9 @@
 """The predictor's side of a step: what it learns from a real step, and how its guess is written in a
 predicted one.
 
-A real step runs the optimizer and takes the real update it made (`UpdateWatch`, per step since the last
-look). Past the warmup, the predictor's guess of that update — asked before the optimizer ran — is scored
-against it on the sampled coordinates, and the residual goes to the store the confidence is measured
-from; then the predictor learns from the update. A predicted step asks for the full-size guess and
-writes it through the guard, which clips it to the trust region or refuses it whole. What fails comes
-back as an `Alarm`; what it costs is counted here.
+A real step's update is taken after the optimizer runs; past the warmup the guess of it (asked before)
+is scored on the sampled coordinates, then the predictor learns. A predicted step writes the full-size
+guess through the guard (clipped to the trust region, or refused whole).
 """
 
 from __future__ import annotations
@@ -33,8 +30,8 @@ class Learner:
     def real_update(
         self, optimizer_step: Callable[[], None], look: bool = True
     ) -> tuple[Deltas, Deltas | None] | None:
-        """Run the optimizer step and take the real update it made, per step since the last look (at the
-        sample, and whole where it is needed); `look=False` leaves it to the next look, which averages."""
+        """Run the optimizer step and take the real update per step since the last look (`look=False`:
+        left to the next look, which averages)."""
         optimizer_step()
         self.parts.guard.forget_compensation()  # the parameters were rewritten: no rounding error to carry
         if not look:
@@ -52,10 +49,8 @@ class Learner:
         steps_ahead: int,
         losses: tuple[float | None, float | None],
     ) -> tuple[Residual | None, Alarm | None]:
-        """The optimizer step, and what the predictor learns from it (nothing this step without a `look`:
-        the next look averages). Past the warmup its guess is scored: the residual (else None), and the
-        alarm of a guess that failed (its predictors were reset). `losses`: the step's measured and
-        forecast loss, kept with the residual."""
+        """The optimizer step and what the predictor learns from it: past the warmup, the residual of its
+        scored guess (else None) and the alarm of a guess that failed."""
         if not look:
             self.real_update(optimizer_step, look=False)
             return None, None
@@ -73,8 +68,7 @@ class Learner:
         return residual, alarm
 
     def _score(self, predicted: Deltas | None, sampled: Deltas) -> tuple[float, float, float]:
-        """<guess, update>, <guess, guess>, <update, update> over the whole sample (all ranks' parts
-        added); a guess that is not finite scores as no guess, and its predictors start over."""
+        """The dot products over the whole sample; a non-finite guess scores as none (predictors reset)."""
         with self.parts.timer.part("score"):
             pd, pp, dd = self.parts.shards.sum(delta_dot_products(predicted, sampled))
         if math.isfinite(pd) and math.isfinite(pp):
@@ -87,8 +81,7 @@ class Learner:
         return 0.0, 0.0, dd
 
     def write_guess(self, steps_ahead: int, max_delta: float) -> tuple[bool, Alarm | None]:
-        """Write the full-size guess, scaled by the corrector, through the guard: whether it was written,
-        and the alarm of a guess that failed or was refused (its predictors then start over)."""
+        """Write the full-size guess, scaled by the corrector, through the guard: (written?, alarm)."""
         predicted, alarm = self.guess(steps_ahead)
         if predicted is not None:
             with self.parts.timer.part("guard"):

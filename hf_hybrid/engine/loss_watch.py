@@ -1,9 +1,7 @@
 """The losses the engine has seen, and the loss forecaster trained on them while the engine is awake.
 
-The forecaster matters only near predict phases (the reference a phase must not regress from, the
-forecast-error alarm, the calibration cap on confidence), so a sleeping engine does not run it: it keeps
-the last `MEMORY` losses, and a forecaster built on waking is trained on them first. `predicted` is its
-forecast for the current step (None asleep), `measured` the last loss a step measured.
+The forecaster matters only near predict phases, so a sleeping engine does not run it: it keeps the last
+`MEMORY` losses, and a forecaster built on waking is trained on them first.
 """
 
 from __future__ import annotations
@@ -29,9 +27,8 @@ class LossWatch:
         self.measured: float | None = None
 
     def _build(self) -> LossForecaster:
-        # ~2-9 ms a step on average on 2 loaded CPU cores: 6.4% of the 2x64 GPT-2's step awake, its largest
-        # part (issue 23). Training every 8th step halves that, but on MiniLM's losses the GRU was then
-        # trusted on 17% of the steps instead of 35%: left at every 4th.
+        # 6.4% of the tiny GPT-2's step awake (issue 23); every 8th step halves that, but on MiniLM the
+        # GRU was then trusted on 17% of the steps instead of 35%: left at every 4th.
         forecaster = LossForecaster(seed=self.seed, train_every=4)
         for loss, lr, grad_norm, phase_index in self.recent:
             forecaster.observe(loss, lr, grad_norm, phase_index)
@@ -43,8 +40,7 @@ class LossWatch:
         self.predicted = None
 
     def forecast(self) -> float | None:
-        """The forecaster's guess of the coming step's loss, kept as `predicted` (None asleep, before it has
-        seen a loss, or not finite)."""
+        """The forecaster's guess of the coming step's loss, kept as `predicted` (or None)."""
         guess = None if self.forecaster is None else self.forecaster.next_loss()
         self.predicted = guess if guess is not None and math.isfinite(guess) else None
         return self.predicted
@@ -67,8 +63,7 @@ class LossWatch:
             self.forecaster.observe(loss, lr, grad_norm, phase_index)
 
     def forecast_next(self) -> float | None:
-        """The forecaster's one-step forecast from a roll-out (None asleep, or before it has seen a
-        loss): the level a predict phase opening now must not regress from."""
+        """The one-step forecast from a roll-out (None: none): the level a new predict phase must keep."""
         if self.forecaster is None or not self.forecaster.num_observed:
             return None
         return self.forecaster.forecast(1).mean[0]

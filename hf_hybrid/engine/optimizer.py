@@ -1,17 +1,8 @@
 """HybridOptimizer: the real optimizer, whose `step` goes through the engine.
 
-In the spirit of accelerate's `AcceleratedOptimizer`: it holds the real optimizer and passes
-`state_dict`, `param_groups`, `zero_grad`, `train`/`eval` through, so a training loop that calls
-`optimizer.step()` where it always does gets the engine's decision there: the real step, or the
-predicted update (the real optimizer untouched). `step_was_predicted` says which, like accelerate's
-`step_was_skipped`.
-
-What the step measured travels with the step: a loop either passes `record` (a callable that returns the
-step's `StepRecord`), or opens each step with `begin_step()` and hands over its micro-batch losses
-(`add_loss`) and the gradient norm (`set_grad_norm`); `step()` then averages the losses over ranks with
-`mean_over_ranks`, reads the `learning_rate`, and gives `on_outcome` the engine's `StepOutcome` and the
-step's host seconds. Where each of these calls comes from in a `Trainer`'s step: docs/how-it-works.md,
-"One optimizer step, in the code".
+Like accelerate's `AcceleratedOptimizer`, it passes everything else through, so a loop's `step()` gets the
+engine's decision: the real step or the predicted update (`step_was_predicted`). A loop passes `record`,
+or opens each step with `begin_step()` and hands over `add_loss` and `set_grad_norm`.
 """
 
 from __future__ import annotations
@@ -26,11 +17,7 @@ from .engine import HybridEngine, StepOutcome, StepPlan, StepRecord
 
 
 class HybridOptimizer(torch.optim.Optimizer):
-    """Wraps `optimizer`; see the module docstring for how a step's measurements reach the engine.
-
-    `skip_nonfinite_step=False` when the wrapped optimizer must see every real step (a fp16 GradScaler
-    skips non-finite ones itself).
-    """
+    """Wraps `optimizer`; `skip_nonfinite_step=False` when it must see every real step (a GradScaler)."""
 
     def __init__(
         self,

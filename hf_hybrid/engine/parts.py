@@ -1,13 +1,6 @@
 """The engine's state in one place: its stateful parts, built once from the configuration, and the few
-values the engine keeps itself.
-
-`Learner`, `PredictPhases` and `Wakefulness` work on these parts rather than each holding its own
-references, and a checkpoint is their `state_dict`s plus those values (`EngineParts.state_dict`). The
-format (JSON and tensors, split) and the fit checks are in `state.py`.
-
-With sharded parameters the tensors are this rank's shards and `sharding` records the world size and
-the rank: each rank saves its own state, and it loads back only on the same rank of the same world size
-(resharding a predictor's buffers or a snapshot is not supported).
+values the engine keeps itself; a checkpoint is their `state_dict`s (format and fit checks: `state.py`).
+Sharded, each rank saves its own and loads back only on the same rank of the same world size.
 """
 
 from __future__ import annotations
@@ -152,15 +145,13 @@ class EngineParts:
         self.meter.load_state_dict(state["peak_memory"])
 
     def continue_accounting(self, state: Mapping[str, Any]) -> None:
-        """Carry on a run's accounting from its saved state (the counters, the engine's own time, its peak
-        bytes), and nothing it learnt."""
+        """Carry on a run's counters, time and peak bytes from its saved state, and nothing it learnt."""
         self.counters.load_state_dict(state["counters"])
         self.timer.load_state_dict(state.get("timing"))
         self.meter.merge_peak(state["peak_memory"])
 
 
 def may_sleep(config: EngineConfig) -> bool:
-    """`dormant_every=1` asks for an engine that watches every step in full: it never sleeps; nor does a
-    scripted one, whose predict phases open whatever the confidence (and need full-size guesses)."""
+    """Not with `dormant_every=1`, nor scripted (its phases open whatever the confidence, full-size)."""
     s = config.schedule
     return s.confidence_threshold > 0 and config.dormant_every > 1 and s.script is None

@@ -1,8 +1,7 @@
 """The phase state machine: which kind of optimizer step comes next.
 
-WARMUP -> FULL -> PREDICT -> CORRECT -> FULL ... The controller only counts and decides; it never
-touches parameters. It is fed scalars that are identical on every rank (confidence, history length),
-so every rank takes the same decision without communicating.
+WARMUP -> FULL -> PREDICT -> CORRECT -> FULL ... It only counts and decides, from scalars identical on
+every rank, so every rank takes the same decision without communicating.
 """
 
 from __future__ import annotations
@@ -73,8 +72,8 @@ class PhaseSchedule:
 
 
 def scripts_agree(saved: Any, now: Any) -> bool:
-    """Replayed phase scripts a run can resume across: they agree wherever both are defined (a replay
-    that goes on past the saved one has taken the same steps: the arena's trunk segments and branches)."""
+    """Replayed phase scripts a run can resume across: they agree wherever both are defined (the arena's
+    trunk segments and branches)."""
     if isinstance(saved, list) and isinstance(now, list):
         common = min(len(saved), len(now))
         return saved[:common] == now[:common]
@@ -88,16 +87,9 @@ def same_schedule(saved: dict[str, Any], now: dict[str, Any]) -> bool:
 
 
 class PhaseController:
-    """Decides the phase of each optimizer step, once per step.
-
-    A predict phase is entered only after warmup, after `full_steps` real steps since the last phase,
-    with at least `min_history` observed real updates and a measured confidence at or above the
-    threshold. It lasts `horizon` predicted steps (chosen by the caller, capped by `horizon_cap`),
-    broken by a CORRECT step every `correction_interval` predicted steps and closed by one.
-
-    With `schedule.script` the decisions are not taken but replayed (FULL after its end): a control run
-    then goes through exactly the phases of the run it is compared with.
-    """
+    """Decides the phase of each optimizer step: PREDICT only after warmup, `full_steps` real steps since
+    the last phase, `min_history` updates and the confidence threshold, for `horizon` steps closed by a
+    CORRECT one. With `schedule.script` the phases are replayed (a control run's)."""
 
     def __init__(self, schedule: PhaseSchedule) -> None:
         self.schedule = schedule
@@ -185,8 +177,8 @@ class PhaseController:
             self.full_remaining = 0
 
     def end_phase(self, failed: bool, widen: bool = True) -> None:
-        """The engine closed the predict phase: nothing of it remains to predict; a failed phase halves
-        the cap on later horizons, a validated one lets it grow back (unless `widen` is False)."""
+        """The predict phase closed: a failed one halves the cap on later horizons, a validated one lets
+        it grow back (unless `widen` is False)."""
         self.predict_remaining = 0
         self.predicted_since_correct = 0
         if failed:
@@ -222,12 +214,7 @@ class PhaseController:
             "schedule": self.schedule.fingerprint(),
             "steps_decided": self.steps_decided,
             "phase": None if self.phase is None else self.phase.value,
-            "full_remaining": self.full_remaining,
-            "predict_remaining": self.predict_remaining,
-            "predicted_since_correct": self.predicted_since_correct,
-            "forced_full_remaining": self.forced_full_remaining,
-            "horizon": self.horizon,
-            "horizon_cap": self.horizon_cap,
+            **{key: getattr(self, key) for key in _COUNTERS},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -237,12 +224,16 @@ class PhaseController:
             )
         self.steps_decided = int(state["steps_decided"])
         self.phase = None if state["phase"] is None else Phase(state["phase"])
-        for key in (
-            "full_remaining",
-            "predict_remaining",
-            "predicted_since_correct",
-            "forced_full_remaining",
-            "horizon",
-            "horizon_cap",
-        ):
+        for key in _COUNTERS:
             setattr(self, key, int(state[key]))
+
+
+# the controller's counters, saved and restored as they are
+_COUNTERS = (
+    "full_remaining",
+    "predict_remaining",
+    "predicted_since_correct",
+    "forced_full_remaining",
+    "horizon",
+    "horizon_cap",
+)

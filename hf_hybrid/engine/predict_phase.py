@@ -1,11 +1,7 @@
 """Predict phases: from the step that opens one to the step that closes it, and how it ended.
 
-`PredictPhases` keeps their books for the engine: when the controller enters PREDICT it takes the
-rollback snapshot and opens a `PredictPhase`, with the loss level the phase must not regress from
-(`reference_level`) and the probe's reading; every predicted step is recorded in it; at each CORRECT
-step it gives its verdict (an `Alarm`, or None when the predicted updates held), and the validated
-state becomes the next rollback point; it closes once, with a `PhaseEnd`, which rewards the horizon it
-was given (the bandit) and lets the controller narrow or widen later ones.
+`PredictPhases` takes the rollback snapshot when one opens, gives a verdict at each CORRECT step (the
+validated state the next rollback point), and closes it once with a `PhaseEnd` that rewards its horizon.
 """
 
 from __future__ import annotations
@@ -34,12 +30,8 @@ class PhaseEnd(str, Enum):
 
 @dataclass
 class PredictPhase:
-    """The open phase's bookkeeping.
-
-    `reference_loss`/`reference_noise`: the loss level it must not regress from and the batch-to-batch
-    noise of real-step losses, fixed when it opens. `probe_before`: the probe's loss at the last validated
-    point (None without a probe). `losses`: the losses measured in its checked predict steps.
-    """
+    """The open phase's bookkeeping: the loss level it must not regress from and its noise (fixed when it
+    opens), the probe's loss at the last validated point, the losses of its checked predict steps."""
 
     opened_at: int
     horizon: int
@@ -55,12 +47,8 @@ class PredictPhase:
             self.losses.append(loss)
 
     def verdict(self, loss: float | None, probe: Callable[[], float | None], sigma: float) -> Alarm | None:
-        """A WARNING when the predicted updates since the last validated point failed, None if they held.
-
-        With a probe reading (`probe()`, taken at this CORRECT step when the phase has one to compare with
-        and the loss is finite) the probe's loss must have fallen since `probe_before`, which then moves
-        here (the next stretch of this phase starts from it); without one, the training loss must not have
-        regressed (`regressed`)."""
+        """A WARNING when the predicted updates since the last validated point failed, None if they held:
+        the probe's loss must have fallen since `probe_before` (which moves here), else `regressed`."""
         measured = self.probe_before is not None and loss is not None and math.isfinite(loss)
         probe_after = probe() if measured else None
         if probe_after is not None and self.probe_before is not None:
@@ -74,11 +62,8 @@ class PredictPhase:
         return None
 
     def regressed(self, loss: float | None, sigma: float) -> bool:
-        """Did the loss over the phase (its checked steps + this CORRECT step's) rise past tolerance?
-
-        The mean of the `n` measured losses may exceed the reference by `sigma` standard errors of the
-        noise (`reference_noise / sqrt(n)`); a missing or non-finite loss counts as regressed.
-        """
+        """Did the mean of the phase's `n` measured losses exceed the reference by more than `sigma`
+        standard errors (`reference_noise / sqrt(n)`)? A missing or non-finite loss counts as regressed."""
         if loss is None or not math.isfinite(loss):
             return True
         if not (math.isfinite(self.reference_loss) and math.isfinite(self.reference_noise)):
@@ -117,8 +102,8 @@ class PredictPhases:
         return self.bandit.select(cap) if self.use_bandit else min(cap, self.schedule.max_predict_steps)
 
     def open(self, forecast: Callable[[], float | None], fallback: Callable[[], tuple[float, float]]) -> None:
-        """Start the phase the controller just entered, from a snapshot of the weights, judged against the
-        loss forecaster's level and the recent FULL steps' noise (`reference_level`), or `fallback()`."""
+        """Start the phase the controller just entered, from a snapshot, judged against `reference_level`
+        (or `fallback()`)."""
         with self.parts.timer.part("snapshot"):
             self.parts.guard.take_snapshot()
         full = [r.loss_actual for r in self.parts.store.recent(REFERENCE_WINDOW, phase="full")]
@@ -145,8 +130,7 @@ class PredictPhases:
         return self.current.verdict(loss, self.probe, sigma)
 
     def validated(self, skill: float, widen: bool) -> None:
-        """A CORRECT step held: its state is the next rollback point, or, at the phase's last, the phase
-        completed (`skill`: of its guess; `widen=False` keeps a cap a CAUTION halved)."""
+        """A CORRECT step held: its state is the next rollback point, or, at the last, the phase completed."""
         if self.parts.controller.predict_remaining > 0:
             with self.parts.timer.part("snapshot"):
                 self.parts.guard.take_snapshot()
@@ -154,8 +138,7 @@ class PredictPhases:
             self.end(PhaseEnd.COMPLETED, skill, widen)
 
     def end(self, how: PhaseEnd, skill: float = 0.0, widen: bool = True) -> None:
-        """Close the open phase: reward the bandit, let the controller narrow (failed) or widen (`widen`)
-        later horizons, free the snapshot."""
+        """Close the open phase: reward the bandit, narrow or widen later horizons, free the snapshot."""
         phase, self.current = self.current, None
         if self.use_bandit and phase.horizon in self.bandit.arms:
             self.bandit.update(phase.horizon, phase.reward(self.schedule.full_steps, how, skill))
@@ -187,14 +170,9 @@ REL_NOISE_FLOOR = 1e-3
 def reference_level(
     forecast: Callable[[], float | None], full_losses: list[float | None]
 ) -> tuple[float, float] | None:
-    """Loss level a predict phase must not regress from (the loss forecaster's one-step `forecast()`) and
-    the batch-to-batch noise of recent FULL-step losses (robust: median absolute change); None when there
-    are fewer than 5 losses or no forecast (the caller falls back to the monitor's running statistics).
-
-    Not the monitor's running statistics first: on a falling loss their mean lags and their spread is
-    mostly trend, and the forecaster's error grows with every spike it sees; with either, phases that
-    raised the loss by 1.5 passed (tests/faults, a confidently wrong predictor).
-    """
+    """The forecaster's one-step `forecast()` and the median absolute change of recent FULL losses (None
+    under 5 losses). Not the monitor's running statistics: on a falling loss their mean lags and their
+    spread is mostly trend (phases that raised the loss by 1.5 passed, tests/faults)."""
     full = [x for x in full_losses if x is not None and math.isfinite(x)]
     mean = forecast() if len(full) >= 5 else None
     if mean is None:

@@ -1,28 +1,17 @@
 """One recovery policy: from everything that went wrong in a step to the one action the engine performs.
 
-Every source of trouble — the divergence monitor, a predict phase that failed its validation, a
-predictor that raised, a predicted update the guard refused, a non-finite real step — reports an
-`Alarm` (a level and a reason, `alarm.py`). `choose_action` maps the step's alarms to a single
-`RecoveryAction`; the engine performs exactly that action and logs exactly that action, so the log
-cannot disagree with what happened.
+Every source of trouble reports an `Alarm` (`alarm.py`); `choose_action` maps a step's alarms to one
+`RecoveryAction`, which the engine performs and logs exactly, so the log cannot disagree with it.
 
-    no alarm / NORMAL            -> CONTINUE
-    CAUTION                      -> SHORTEN_HORIZON (halve the rest of the phase and the horizon cap)
-    WARNING or CRITICAL          -> ROLLBACK when a predict phase is open, an alarm blames its weights,
-                                    a snapshot exists and rollback is enabled;
-                                    RESTORE when no phase is open, an alarm is a loss spike and the spike
-                                    guard can restore (a copy from before the spike, under its cap);
-                                    SKIP when an alarm says the step's update must not be applied (a
-                                    non-finite gradient, a spike blamed on the batch); FORCE_FULL otherwise.
-ROLLBACK restores the phase's snapshot and also forces FULL steps; RESTORE puts back the spike guard's
-copy of the weights and optimizer state from before the spike (the batches since are skipped) and
-forces FULL steps;
-SKIP leaves the weights and the optimizer state as they were before the step and forces FULL steps
-(a SKIP of an update already applied, which the spike guard's update check judged, puts the weights
-back; the optimizer keeps what it learnt from the step's gradient);
-FORCE_FULL ends an open phase as failed (without touching the weights) and trains FULL for the
-schedule's `full_steps`. Whether a real step's update is applied at all is `applies_update`, read off
-the same alarms before the optimizer runs: every action above that skips an update is decided here.
+    no alarm / NORMAL    -> CONTINUE
+    CAUTION              -> SHORTEN_HORIZON (halve the rest of the phase and the horizon cap)
+    WARNING or CRITICAL  -> ROLLBACK: a predict phase is open, an alarm blames its weights, a snapshot exists;
+                            RESTORE: no phase is open, a loss spike, and the spike guard can restore;
+                            SKIP: an alarm says the update must not be applied (a non-finite gradient,
+                            a spike blamed on the batch; applied already: taken back);
+                            FORCE_FULL otherwise (an open phase ends as failed, weights untouched).
+Every action but CONTINUE and SHORTEN_HORIZON then forces `full_steps` FULL steps. Whether a real step's
+update is applied at all is `applies_update`, read off the same alarms before the optimizer runs.
 """
 
 from __future__ import annotations
@@ -61,9 +50,7 @@ def choose_action(
     can_roll_back: bool,
     can_restore: Callable[[], bool] = lambda: False,
 ) -> RecoveryAction:
-    """The single rule table above. `can_roll_back`: rollback is enabled and a snapshot exists;
-    `can_restore()`: the spike guard has a copy from before the spike worth restoring and is under its
-    cap (asked only for a spike)."""
+    """The single rule table above; `can_restore()` is asked only for a spike."""
     alarms = list(alarms)
     level = worst_level(alarms)
     if level >= DivergenceLevel.WARNING:
@@ -88,8 +75,7 @@ def applies_update(alarms: Iterable[Alarm]) -> bool:
 def describe(
     action: RecoveryAction, alarms: Iterable[Alarm], full_steps: int, ended_phase: bool
 ) -> tuple[str, bool]:
-    """The log line's account of what was done, and whether it deserves a WARNING: a rollback, an ended
-    predict phase or a skipped step does; a FULL run that stays FULL is INFO."""
+    """The log line's account of what was done, and whether it deserves a WARNING (else INFO)."""
     alarms = list(alarms)
     full = f"{full_steps} FULL steps"
     done = {

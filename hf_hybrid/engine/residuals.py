@@ -1,9 +1,8 @@
 """Residuals (what really happened minus what was predicted) and the corrector fed by them.
 
-The quantity that decides everything downstream is the *skill* of a predicted update p against the
-real update d of the same step: 1 - ||s*p - d||^2 / ||d||^2, with s the corrector's current scale.
-Skill 1 is a perfect guess, 0 is as good as applying nothing (the null predictor), below 0 is worse
-than skipping the batch. Confidence is the mean recent skill, so it is measured, never assumed.
+The *skill* of a guess p against the real update d, 1 - ||s*p - d||^2 / ||d||^2 (s: the corrector's
+scale), decides everything downstream: 1 is perfect, 0 as good as applying nothing. Confidence is the
+mean recent skill: measured, never assumed.
 """
 
 from __future__ import annotations
@@ -49,10 +48,8 @@ class Residual:
 
 
 class ResidualStore:
-    """Bounded store of recent residuals; old ones fall off so confidence tracks the current regime.
-
-    64 by default: the engine reads at most the last 32 (confidence 16, loss calibration 32, a phase's
-    reference 17), and what it keeps is memory an idle engine should not spend."""
+    """Bounded store of recent residuals, so confidence tracks the current regime (64: the engine reads
+    at most the last 32)."""
 
     def __init__(self, capacity: int = 64) -> None:
         if capacity < 1:
@@ -75,8 +72,7 @@ class ResidualStore:
         return items[-n:] if n > 0 else []
 
     def summary(self, scale: float, recent: int) -> dict[str, float]:
-        """Mean cosine, norm ratio and skill of the last `recent` scored guesses at corrector scale `scale`,
-        and how far the scaled guess was from the real update (absolute, and relative to it)."""
+        """Mean cosine, norm ratio, skill and residual norms of the last `recent` guesses at `scale`."""
         items = self.recent(recent)
         if not items:
             return {}
@@ -93,8 +89,7 @@ class ResidualStore:
         return out
 
     def loss_calibration(self, tolerance: float, recent: int = 32) -> float:
-        """Share of the recent CORRECT-step losses that the loss forecaster predicted within `tolerance`
-        (1 with none yet): it caps the confidence once the forecaster is trusted."""
+        """Share of the recent CORRECT-step losses forecast within `tolerance` (1 with none yet)."""
         scored = [r for r in self.recent(recent) if r.loss_error is not None and r.phase == "correct"]
         if not scored:
             return 1.0
@@ -109,12 +104,8 @@ class ResidualStore:
 
 
 class Corrector:
-    """Online rescaling of the predictor from its residuals.
-
-    `scale` tracks the least-squares multiplier <p,d>/<p,p> of recent predictions (clamped to
-    [0, max_scale]), so a predictor that overshoots is damped and one pointing the wrong way is
-    turned off (scale 0 -> skill 0 -> no predict phase). A rollback halves it at once.
-    """
+    """Online rescaling of the predictor: `scale` tracks the least-squares <p,d>/<p,p> (clamped to
+    [0, max_scale]), damping an overshooting predictor, turning off a wrong-way one; a rollback halves it."""
 
     def __init__(self, rate: float = 0.2, max_scale: float = 1.0, window: int = 16) -> None:
         if not 0.0 < rate <= 1.0:

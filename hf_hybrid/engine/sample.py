@@ -1,24 +1,10 @@
 """A fixed, seeded sample of each trainable tensor's coordinates: what the engine scores its guesses on.
 
-The engine does not need the whole real update to know how good a guess of it was: the skill
-`1 - ||s*p - d||^2 / ||d||^2` of a guess is a ratio of sums over coordinates, and a uniform sample of
-the coordinates estimates it. So the sleeping engine keeps its buffers for the sampled coordinates only
-(no full-size copy of the parameters, no full-size predictor state), and the awake one scores on a
-denser sample (`min_per_tensor`: small tensors, whose stride-401 sample is a coordinate or two, are
-sampled at a shorter stride or whole), at a cost that does not grow with the model either.
-
-The sample is systematic: every `stride`-th element of the flattened tensor from a seeded offset, with
-a prime stride (so rows of a matrix are not sampled in lockstep) and at most `max_per_tensor` elements.
-It is a strided view, not an index tensor, so it costs no memory of its own; it depends only on the
-seed, the name and the shape, so every rank samples the same coordinates and a resumed run recomputes
-it exactly.
-
-Sharded parameters (see `sharding.py`): the sample is defined on the whole tensor's flattened
-coordinates, and each rank gathers the sampled coordinates that fall in its shard (`ranges`: the
-shard's [start, stop) in the flattened whole tensor). A `Shard(0)` shard is a contiguous range, so this
-is still a strided view of the local tensor, and the union of the ranks' samples is exactly the sample
-one process takes: the sums of the skill, all-reduced, are the single process's sums (up to the order
-of float additions), so a sharded run sleeps, wakes and scores like an unsharded one.
+A guess's skill is a ratio of sums over coordinates, so a uniform sample estimates it: the sleeping engine
+keeps buffers for the sample only, the awake one scores on a denser one (`min_per_tensor`). Systematic:
+every `stride`-th element from a seeded offset, a prime stride (rows not in lockstep); a strided view
+(no memory), fixed by seed, name and shape, so every rank and a resumed run sample alike. Sharded, each
+rank gathers the sampled coordinates in its `Shard(0)` range: the union is the single process's sample.
 """
 
 from __future__ import annotations
@@ -54,9 +40,8 @@ class CoordinateSample:
         ranges: Mapping[str, tuple[int, int]] | None = None,
         min_per_tensor: int = 1,
     ) -> None:
-        """`shapes`: the whole tensors' shapes; `ranges`: the part of each held here (default: all);
-        `min_per_tensor`: the stride shrinks for smaller tensors so that each keeps about that many
-        coordinates (all of one that has fewer); the default 1 leaves every tensor at `stride`."""
+        """`ranges`: the part of each whole tensor held here (default: all); `min_per_tensor`: the stride
+        shrinks so each tensor keeps about that many coordinates (all, if fewer)."""
         self.seed = seed
         self.layout: dict[str, tuple[int, int, int]] = {}  # name -> (offset, stride, numel) of the whole
         self.ranges: dict[str, tuple[int, int]] = {}  # name -> [start, stop) held here, in the whole
@@ -83,10 +68,8 @@ class CoordinateSample:
         return offset + max(0, -(-(start - offset) // step)) * step
 
     def gather(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """The sampled coordinates of `tensor`: the whole tensor, or the shard that `ranges` describes.
-
-        A contiguous tensor's sample is one `as_strided` view (this runs for every tensor at every
-        observed step, so the flatten-then-slice of the general case is worth saving)."""
+        """The sampled coordinates of `tensor` (whole, or the shard `ranges` describes); a contiguous one's is
+        one `as_strided` view (this runs for every tensor at every observed step)."""
         tensor = tensor.detach()
         start, count = self._start[name], self._count[name]
         if count and tensor.is_contiguous():

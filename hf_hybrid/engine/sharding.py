@@ -1,20 +1,9 @@
 """Sharded trainable parameters (FSDP2's `DTensor`s): the one module that knows about them.
 
-Under `torch.distributed.fsdp.fully_shard` every trainable parameter is a `DTensor` sharded on dim 0
-over a 1-D device mesh; `to_local()` is this rank's block of rows (possibly empty). The engine keeps
-everything per shard — tracker copies, predictor buffers, snapshots, checkpointed tensors — and works
-on `local(p)`. What a decision needs from a whole tensor (a norm, a dot product, "is anything
-non-finite") is a sum of per-shard scalars: `ShardGroup.sum` adds a batch of them over the ranks in one
-all-reduce, so every rank sees the same numbers and takes the same decision. Without sharded parameters
-`ShardGroup.sum` returns its input untouched and nothing is communicated.
-
-Collectives per optimizer step, each one all-reduce of a few float64 scalars whatever the number of
-tensors: none in WARMUP steps and in the FULL steps a dormant engine does not observe; two in a scored
-real step (did the predictor fail on any rank; the skill's dot products); four in a predict step (the
-predictor's failure, then the guard's three dependent stages, see `ParameterGuard.apply`).
-
-`local()` is called at every use, never cached: FSDP2 may replace a parameter's local tensor (its lazy
-init re-pads it; `load_state_dict(assign=True)` swaps it).
+Every trainable parameter is a `DTensor` sharded on dim 0 over a 1-D mesh; the engine keeps everything
+per shard and works on `local(p)`. What a decision needs of a whole tensor is a sum of per-shard scalars:
+`ShardGroup.sum` adds a batch of them in one all-reduce, so every rank decides alike (at most four per
+step). `local()` is called at every use, never cached: FSDP2 may replace a parameter's local tensor.
 """
 
 from __future__ import annotations
@@ -43,12 +32,7 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
 
 class ShardGroup:
     """The ranks that share the trainable parameters' shards, and the scalar all-reduce over them.
-
-    `ShardGroup.of(params)` refuses what the engine cannot handle exactly: a mix of sharded and whole
-    trainable tensors (a whole tensor's sums would be counted once per rank), and placements other than
-    `Shard(0)` on a single 1-D mesh (FSDP2's default; HSDP's 2-D meshes and other shard dims are not
-    supported).
-    """
+    `of(params)` refuses a mix of sharded and whole tensors and placements other than `Shard(0)` on 1-D."""
 
     def __init__(self, mesh: Any = None) -> None:
         self.mesh = mesh
@@ -101,11 +85,8 @@ class ShardGroup:
         return bool(flag) if not self.sharded else self.sum([float(flag)])[0] > 0
 
     def flat_range(self, param: torch.Tensor) -> tuple[int, int]:
-        """[start, stop) of this rank's shard in the flattened whole tensor.
-
-        `Shard(0)` splits the rows like `torch.chunk`: ceil(rows / world_size) per rank, the last ranks
-        possibly short or empty; checked against the local shape so another rule cannot slip through.
-        """
+        """[start, stop) of this rank's shard in the flattened whole tensor (`Shard(0)` splits the rows like
+        `torch.chunk`; checked against the local shape)."""
         numel = param.numel()
         if not self.sharded or numel == 0:
             return 0, numel

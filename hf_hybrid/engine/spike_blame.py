@@ -1,17 +1,10 @@
 """Who is to blame for a loss spike, the data or the weights, and what the spike guard does about it.
 
 When the detector fires, the step's batch is measured again at a copy of the weights from before the
-fault (`suspect_loss`, a no-grad forward the caller provides, with the copy swapped in). Bad data is bad
-at those weights too: the step is skipped (`RecoveryAction.SKIP`), the weights kept. A batch is skipped at
-its first firing step only when it is *gross*: over twice the level and `HARDEST_RISE` times the hardest
-batch of the run's recent window (a rule scaled to the level alone called a hard clean batch of a nearly
-memorised classifier gross: a loss near zero makes any hard batch many times the level); any other is
-left alone once and skipped from its second firing step in a row (a run of bad batches), as a clean run's
-hard batch comes alone. A batch that is fine at those weights blames the weights, and the guard is
-patient: a shift that comes back by itself within `patience` firing steps is left alone (as the plain run
-recovers from it); one that does not is undone (`RecoveryAction.RESTORE`) if the copy is still better on
-the batch of the step that would restore it than the weights now (what a restore gives up, the clean
-progress since the copy, weighed against what the fault costs, both on the same batch).
+fault. Bad data is bad there too: the step is skipped (at its first firing step only when *gross*, else
+from its second in a row, as a clean run's hard batch comes alone). A batch fine there blames the
+weights, and the guard is patient: a shift that comes back within `patience` firing steps is left alone;
+one that does not is restored if the copy is still better on the current batch than the weights now.
 """
 
 from __future__ import annotations
@@ -40,11 +33,8 @@ BLAME_SHARE = 0.5
 # bad batches before the weights are blamed.
 BLAME_AFTER = 5
 MAX_SKIPS = 8  # spikes in a row skipped as bad batches; after that the data has changed: the run trains on
-# A batch blamed on the data is skipped at its first firing step only when its loss is over (1 + GROSS_RISE)
-# times the level and over HARDEST_RISE times the hardest batch of the recent window. The data faults'
-# first steps on the arena's tasks: 2.1-3.7x the level and 1.37-3.3x the window's hardest batch; the clean
-# runs recorded: up to 3.3x the level (a nearly memorised MiniLM classifier, its level near 0.3) but at
-# most 1.13x the window's hardest (`benchmarks/README.md`, "The spike guard").
+# Gross: over (1 + GROSS_RISE)x the level and HARDEST_RISE x the window's hardest batch (data faults:
+# 1.37-3.3x the hardest; clean runs at most 1.13x; `benchmarks/README.md`, "The spike guard").
 GROSS_RISE = 1.0
 HARDEST_RISE = 1.25
 
@@ -68,8 +58,7 @@ def _spike_alarm(why: str, **kind: bool) -> Alarm:
 
 
 class Blame:
-    """The guard's judgement of each step: the detector's firing, the culprit, the suspicion of the
-    weights and the patience; the counts of what it blamed."""
+    """The guard's judgement of each step: the culprit, the suspicion of the weights, the patience."""
 
     def __init__(
         self,
@@ -96,11 +85,8 @@ class Blame:
         self.loss = math.nan  # the loss of the step judged last
 
     def judge(self, step: int, loss: float, grad_norm: float | None, can_skip: bool) -> list[Alarm]:
-        """A detector firing is blamed first (`culprit`, once per suspicion: each measurement is a forward
-        pass): the data's fault skips the step (its update never applied) when the batch is gross or the
-        step before fired too, up to `MAX_SKIPS` in a row, after which the data has changed and the run
-        trains on. The weights' fault waits `patience` firing steps for the loss to come back by itself,
-        then asks for a restore."""
+        """A firing is blamed first (`culprit`, once per suspicion): the data's fault skips the step when
+        gross or in a row (up to `MAX_SKIPS`); the weights' waits `patience` firing steps, then restores."""
         self.loss = loss
         lasting = self.detector.lasting(loss)
         if lasting and not self.detector.elevated(loss):
@@ -140,12 +126,9 @@ class Blame:
         ]
 
     def culprit(self, step: int, loss: float, sudden: bool) -> str:
-        """`DATA` or `WEIGHTS`: is this step's batch as bad at a copy from before it (the data's fault) or
-        not (the weights')? One forward pass, of this step's batch only (for a lasting shift too: three
-        batches cost 0.9% of a clean MiniLM-LoRA run's step time where the detector fired once).
-        Without a way to measure it (no `suspect_loss`, no copy in memory), a sudden spike is the batch's
-        until `BLAME_AFTER` of them in a row and a lasting shift is the weights'. Right after a restore
-        the weights are a copy from before the fault: the batch is to blame."""
+        """`DATA` or `WEIGHTS`: is this step's batch as bad at a copy from before it? One forward pass.
+        Unmeasurable, a sudden spike is the batch's until `BLAME_AFTER` in a row, a lasting shift the
+        weights'; right after a restore, the batch is to blame."""
         if self.restored_since_update:
             return DATA
         measured = self._loss_at(self.copies.before(step))
@@ -156,16 +139,13 @@ class Blame:
         return WEIGHTS if loss - measured > BLAME_SHARE * (loss - level) else DATA
 
     def gross(self, loss: float) -> bool:
-        """This step's loss is more than `GROSS_RISE` of the level above it and `HARDEST_RISE` times the
-        hardest batch of the recent window: bad data, not a hard batch."""
+        """Bad data, not a hard batch: far above the level and the recent window's hardest batch."""
         level = self.detector.level()
         return loss - level > GROSS_RISE * abs(level) and loss > HARDEST_RISE * self.detector.hardest()
 
     def worth_restoring(self, step: int, copy: CopyStore) -> bool:
-        """The copy a restore would go back to is still better on this step's batch than the weights now,
-        by `BLAME_SHARE` of the rise since the suspicion began (what the fault costs against the clean
-        progress the restore gives up, on the same batch); a copy that cannot be measured is. When it is
-        not, the suspicion ends with nothing undone (said at INFO)."""
+        """The copy is still better on this step's batch than the weights now, by `BLAME_SHARE` of the rise
+        (an unmeasurable copy is); if not, the suspicion ends with nothing undone."""
         measured = self._loss_at(copy)
         if measured is None or self.loss - measured > BLAME_SHARE * (self.loss - self.suspect_level):
             return True

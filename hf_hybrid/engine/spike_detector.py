@@ -1,16 +1,9 @@
 """The engine's one spike detector: is a value far out against a window of recent clean ones?
 
-Both checkers that look for spikes read it: the spike guard (every real step's loss and gradient norm,
-`spike_guard.py`) and the divergence monitor (the loss, the gradient norm and the loss forecast's error
-of every step it scores, `divergence.py`); each keeps its own windows, as each has its own idea of a clean
-step (the guard leaves skipped spikes and restored-away steps out, the monitor its alarmed steps).
-
-The statistics are robust and local: the *level* is the median of the last few values, the *noise* the
-robust spread of step-to-step differences over the window. A running mean and variance were the
-monitor's first statistics: the steep early descent of a fine-tune inflates a variance for hundreds of
-steps and hides a real spike, while the differences of successive values do not see a trend. On top of
-them, the guard's two tests: a *sudden* spike (one step far out) and a *lasting* shift (the median of the
-last few steps against the level before them).
+The spike guard and the divergence monitor each keep their own windows (each its own idea of a clean
+step). The *level* is the median of the last few values, the *noise* the robust spread of step-to-step
+differences: a running variance would be inflated for hundreds of steps by a fine-tune's steep early
+descent and hide a real spike. The guard's tests: a *sudden* spike and a *lasting* shift.
 """
 
 from __future__ import annotations
@@ -22,20 +15,17 @@ from dataclasses import dataclass
 from typing import Any
 
 LEVEL_STEPS = 5  # the guard's level: the median of this many recent clean values
-# A lasting shift: the median of the last SHIFT_STEPS losses SHIFT_Z noise units and SHIFT_RISE of the
-# level above the median of the SHIFT_BASE steps before them. Two of three steps that far out by chance
-# is rare (~5e-6 a step for Gaussian noise); an lr x30 burst on the 2x64 GPT-2 raised the loss by 4
-# noise units and 19% for six steps without any single step passing the one-step test.
+# A lasting shift: the median of the last SHIFT_STEPS losses SHIFT_Z noise units and SHIFT_RISE of the level
+# above the SHIFT_BASE steps before them (~5e-6 a step by chance; an lr x30 burst on the tiny GPT-2 raised
+# the loss 4 noise units for six steps without any single step passing the one-step test).
 SHIFT_STEPS, SHIFT_BASE, SHIFT_Z, SHIFT_RISE = 3, 20, 3.0, 0.1
 ROBUST_SIGMA = 1.4826  # the median absolute deviation of a Gaussian, in standard deviations
 
 
 @dataclass(frozen=True)
 class Thresholds:
-    """What counts as far out. A sudden spike: more than `max_z` noise units and `min_rise` of the level
-    above it (`min_rise_after_spike` right after one), or a second value (a gradient norm) over
-    `max_grad_ratio` times its recent median. `min_history` values before any judgement; the noise is
-    floored at `rel_floor` of the level (a flat loss would give infinite z-scores) and `abs_floor`."""
+    """What counts as far out (see `SpikeGuardConfig`); the noise is floored at `rel_floor` of the level
+    (a flat loss would give infinite z-scores) and `abs_floor`."""
 
     history: int = 50
     min_history: int = 20
@@ -48,8 +38,8 @@ class Thresholds:
 
 
 class SpikeDetector:
-    """A window of recent clean values (each with its step) and of a second signal (gradient norms), its
-    robust level and noise (computed once per change of the window), and the sudden and lasting tests."""
+    """A window of recent clean values (with their steps) and gradient norms, its robust level and noise
+    (computed once per change of the window), and the sudden and lasting tests."""
 
     def __init__(self, thresholds: Thresholds | None = None) -> None:
         self.thresholds = thresholds or Thresholds()
@@ -108,9 +98,8 @@ class SpikeDetector:
     # ---- the tests ---------------------------------------------------------------------------------
 
     def sudden(self, loss: float | None, grad_norm: float | None, after_spike: bool = False) -> str | None:
-        """One step far out: its loss against the level in noise units and as a share of the level, or
-        its gradient norm against the recent median. `after_spike`: the step before was one, so a smaller
-        rise counts (`min_rise_after_spike`)."""
+        """One step far out: its loss against the level, or its gradient norm against the recent median;
+        `after_spike`: a smaller rise counts."""
         t = self.thresholds
         if loss is not None and self.ready:
             level = self.level()
@@ -128,25 +117,26 @@ class SpikeDetector:
         against the level before them."""
         if loss is None or not self.ready:
             return None
-        recent = list(self.losses)
-        before = statistics.median(recent[-SHIFT_BASE - SHIFT_STEPS + 1 : -SHIFT_STEPS + 1])
-        now = statistics.median([*recent[-SHIFT_STEPS + 1 :], loss])
-        shift = (now - before) / self.noise()
-        if shift > SHIFT_Z and now > before + SHIFT_RISE * abs(before):
+        before = self._level_before()
+        now = statistics.median([*list(self.losses)[-SHIFT_STEPS + 1 :], loss])
+        if self._shifted(now, before):
             return (
-                f"the loss of the last {SHIFT_STEPS} steps, {now:.4g}, is {shift:.1f} noise units above "
-                f"the {before:.4g} before them"
+                f"the loss of the last {SHIFT_STEPS} steps, {now:.4g}, is "
+                f"{(now - before) / self.noise():.1f} noise units above the {before:.4g} before them"
             )
         return None
 
     def elevated(self, loss: float) -> bool:
-        """This step's own loss is as far above the level before the recent steps as a lasting shift
-        is: when it is not, a shift that `lasting` still sees in the recent median is coming back."""
-        if not self.ready:
-            return False
+        """This step's own loss is as far above the level before the recent steps as a lasting shift is
+        (if not, a shift `lasting` still sees is coming back)."""
+        return self.ready and self._shifted(loss, self._level_before())
+
+    def _level_before(self) -> float:
         recent = list(self.losses)
-        before = statistics.median(recent[-SHIFT_BASE - SHIFT_STEPS + 1 : -SHIFT_STEPS + 1])
-        return (loss - before) / self.noise() > SHIFT_Z and loss > before + SHIFT_RISE * abs(before)
+        return statistics.median(recent[-SHIFT_BASE - SHIFT_STEPS + 1 : -SHIFT_STEPS + 1])
+
+    def _shifted(self, value: float, before: float) -> bool:
+        return (value - before) / self.noise() > SHIFT_Z and value > before + SHIFT_RISE * abs(before)
 
     # ---- the window --------------------------------------------------------------------------------
 
@@ -160,8 +150,7 @@ class SpikeDetector:
             self._grad_median = None
 
     def forget_after(self, step: int) -> None:
-        """The values of the steps after `step` belong to a trajectory that was restored away: a spike
-        left in the window would make the next steps look like a lasting shift again."""
+        """Drop the values of a trajectory restored away (a spike left in would look like a lasting shift)."""
         while self.loss_steps and self.loss_steps[-1] > step:
             self.losses.pop()
             self.loss_steps.pop()

@@ -1,25 +1,12 @@
 """The spike guard: a loss spike in a real step is blamed on the batch or on the weights before anything
 is done about it, and only what is to blame is undone.
 
-What large runs do by hand when the loss spikes (skip the batches that caused it, or go back to a state
-before it), done on the fly and through the engine's one recovery rule (`recovery.py`):
-
-- copies of the trainable weights and the optimizer state are taken every `every` clean steps and
-  trusted once clean steps follow them (`copy_schedule.py`, stored as `guard_copies.py` says);
-- the engine's spike detector (`spike_detector.py`) says whether a step's loss (or gradient norm) is a
-  sudden spike or part of a lasting shift against the recent clean steps;
-- when it fires, the guard *blames* before acting (`spike_blame.py`): bad data is skipped
-  (`RecoveryAction.SKIP`, the weights kept), damaged weights that do not come back by themselves are
-  restored (`RecoveryAction.RESTORE`: the copy put back, the batches since skipped);
-- where its copy fits, every step's applied update is checked too (`update_check.py`): an outsized one
-  that did harm is taken back (`RecoveryAction.SKIP` after the fact).
-
-Everything it decides is a function of the losses, gradient norms, learning rates and step numbers it is
-given and of the state a checkpoint carries, never of a timing: a resumed run decides what the
-uninterrupted run decides, at any machine load. At most `max_restores` restores in any `window` steps:
-after that it says so and lets the run train as the plain loop would. Non-finite steps are not spikes
-here: the recovery rule never applies them. Numbers and how they were chosen: `benchmarks/README.md`,
-"The spike guard".
+What large runs do by hand, on the fly and through the engine's one recovery rule (`recovery.py`):
+copies of the weights and optimizer state every `every` clean steps (`copy_schedule.py`); a spike
+detector (`spike_detector.py`); blame before acting (`spike_blame.py`: bad data skipped, damaged weights
+restored); outsized updates taken back (`update_check.py`). Everything it decides is a function of the
+values it is given and a checkpoint's state, never of a timing, so a resumed run decides alike. Numbers:
+`benchmarks/README.md`, "The spike guard".
 """
 
 from __future__ import annotations
@@ -44,15 +31,10 @@ __all__ = ["SpikeGuard", "SpikeGuardConfig"]
 
 
 class SpikeGuard:
-    """Judges every real step's loss before its update is applied; skips the bad batches, restores a
-    copy when the weights are to blame and do not come back by themselves, takes back outsized updates.
-
-    The engine calls, per real step outside a predict phase: `alarms` (before the update; what the
-    recovery rule acts on), `before_update` and `update_alarms` around the optimizer's step, then
-    `skipped`, `take_back`, `restore` or `observe` as the rule decided, and `rebase` when the caller
-    saves a checkpoint. Every rank must pass the same loss and grad norm (the averaged ones), and
-    `suspect_loss` must be the same on every rank, so all decide alike.
-    """
+    """Judges every real step's loss before its update is applied. Per real step outside a predict phase
+    the engine calls `alarms`, `before_update` and `update_alarms` around the optimizer's step, then
+    `skipped`, `take_back`, `restore` or `observe`; `rebase` at a checkpoint. Every rank passes the same
+    values, so all decide alike."""
 
     def __init__(
         self,
@@ -62,11 +44,8 @@ class SpikeGuard:
         suspect_loss: Callable[[], float | None] | None = None,
         copies: tuple[CopyStore, CopyStore] | None = None,
     ) -> None:
-        """`config.enabled=False` (or no optimizer): a guard that judges nothing and holds nothing, so its
-        owner need not ask whether there is one. `suspect_loss()`: the loss of this step's batches at
-        the live weights, measured again without a gradient (None: it cannot be); the guard calls it with
-        a copy's weights swapped in, to blame. `copies`: the two stores the guard alternates between
-        (default: host copies per `config.storage`)."""
+        """`config.enabled=False` (or no optimizer): a guard that judges and holds nothing. `suspect_loss()`:
+        this step's batches' loss at the live weights, without a gradient (None: it cannot be)."""
         self.config = config or SpikeGuardConfig()
         self.optimizer = optimizer
         groups = [] if optimizer is None or not self.config.enabled else optimizer.param_groups
@@ -113,26 +92,22 @@ class SpikeGuard:
     def alarms(
         self, step: int, loss: float | None, grad_norm: float | None, can_skip: bool = True
     ) -> list[Alarm]:
-        """The spike as the recovery rule takes it, judged before the step's update is applied
-        (`Blame.judge`). `can_skip=False` where the optimizer must see every step (a fp16 GradScaler):
-        a spike can only be restored there."""
+        """The spike as the recovery rule takes it, before the update (`Blame.judge`). `can_skip=False`
+        where the optimizer must see every step (a fp16 GradScaler)."""
         self.step_grad_norm = grad_norm  # a sign the update check reads before the update
         if not self.params or not _finite(loss, grad_norm):
             return []
         return self.blame.judge(step, loss, grad_norm, can_skip)
 
     def before_update(self, step: int) -> None:
-        """The optimizer is about to apply this step's update: the update check keeps what it changes (the
-        whole weights where this step's learning rates or gradient norm show a sign of an outsized one).
-        The gradient norm's sign is its ratio to the detector's window of the applied steps' norms."""
+        """The update check keeps what the optimizer is about to change (`UpdateCheck.take`)."""
         if not self.update_check.on:
             return
         lrs = [None if g.get("lr") is None else float(g["lr"]) for g in self.optimizer.param_groups]
         self.update_check.take(step, lrs, self.detector.grad_ratio(self.step_grad_norm))
 
     def update_alarms(self, step: int) -> list[Alarm]:
-        """The update the optimizer just applied, judged (`UpdateCheck`): an alarm that takes it back, or
-        none. Past `MAX_SKIPS` skips in a row it stays, as a spike does."""
+        """The update just applied, judged (`UpdateCheck`); past `MAX_SKIPS` skips in a row it stays."""
         why = self.update_check.judge(can_take_back=self.blame.skips_in_a_row < MAX_SKIPS)
         if why is None:
             return []
@@ -140,9 +115,7 @@ class SpikeGuard:
         return [Alarm(DivergenceLevel.CRITICAL, why, spike=True, skips_step=True, takes_back=True)]
 
     def take_back(self, step: int) -> None:
-        """The recovery rule skips the step whose update was already applied: put back the weights of
-        before it, or of before the learning-rate excursion it closed (the optimizer keeps what it learnt
-        from the steps' gradients)."""
+        """Put back the weights of before an applied update the recovery rule skips (or its excursion)."""
         self.taken_back_steps += self.update_check.take_back()
 
     def skipped(self, step: int) -> None:
@@ -152,9 +125,8 @@ class SpikeGuard:
         self.skipped_steps += 1
 
     def observe(self, step: int, loss: float | None, grad_norm: float | None) -> None:
-        """An applied step: its values join the recent window (a spike left alone is the new normal,
-        learnt as such); a clean step earns trust for the pending copy or takes one (never while the
-        weights are suspect: a copy of damaged weights must not become trusted)."""
+        """An applied step joins the recent window; a clean one earns trust for the pending copy or takes
+        one (never while the weights are suspect)."""
         if not self.params or not _finite(loss, grad_norm):
             return
         self.detector.add(loss, grad_norm, step)
@@ -162,9 +134,8 @@ class SpikeGuard:
             self.copies.advance(step)
 
     def can_restore(self, step: int, why: str) -> bool:
-        """A copy from before the fault can be put back, it is still better than the weights now on this
-        step's batch (`Blame.worth_restoring`: what the restore gives up against what the fault costs),
-        and the window's cap is not reached (each refusal is said)."""
+        """A copy from before the fault is available, worth restoring (`Blame.worth_restoring`), and the
+        window's cap is not reached (each refusal is said)."""
         copy = self.copies.before(self.blame.onset(step))
         problem = copy.available()
         if problem is not None:
@@ -190,8 +161,7 @@ class SpikeGuard:
         return False
 
     def restore(self, step: int, why: str) -> None:
-        """Put back the copy from before the fault (weights and optimizer state); the batches since it are
-        skipped."""
+        """Put back the copy from before the fault; the batches since it are skipped."""
         copy = self.copies.before(self.blame.onset(step))
         copy.restore(self.params, self.optimizer)
         self.update_check.end_excursion()
@@ -212,9 +182,8 @@ class SpikeGuard:
         )
 
     def rebase(self, step: int) -> None:
-        """The caller saved a checkpoint of this step: the copies start again from it (`CopySchedule`), so
-        the checkpoint need not hold them and the resumed run still decides what this one does; an open
-        learning-rate excursion ends, as the resumed run has no copy of before it."""
+        """A checkpoint of this step was saved: the copies start again from it, so it need not hold them,
+        and an open excursion ends (a resumed run has no copy of before it)."""
         if not self.params:
             return
         self.copies.rebase(step)
@@ -223,16 +192,14 @@ class SpikeGuard:
     # ---- what it holds and did --------------------------------------------------------------------
 
     def tensors(self) -> list[torch.Tensor]:
-        """The copies' buffers (both kept: the trusted one and the next, pending or reused) and the update
-        check's."""
+        """The copies' buffers and the update check's."""
         return [*self.copies.tensors(), *self.update_check.copy]
 
     def nbytes(self) -> int:
         return self.copies.nbytes() + self.update_check.nbytes()
 
     def buffer_count(self) -> int:
-        """What the copies hold, as a number that changes when a buffer comes or goes (their bytes: counted
-        when they change, cheap to read every step)."""
+        """A number that changes when a buffer comes or goes (cheap to read every step)."""
         return self.nbytes()
 
     def stats(self) -> dict[str, Any]:
@@ -259,8 +226,7 @@ class SpikeGuard:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """Counters, the detector's window, the suspicion and the copies' steps; not the copies: saving the
-        engine first `rebase`s them on the saved state itself, which a resumed run copies again."""
+        """Everything but the copies: saving first `rebase`s them on the saved state itself."""
         return {
             "detector": self.detector.state_dict(),
             **self.copies.state_dict(),
@@ -273,8 +239,7 @@ class SpikeGuard:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """A resumed run: the state as saved at a checkpoint, whose own weights and optimizer state (loaded
-        by then) are the pending copy, taken again here."""
+        """A resumed run: the checkpoint's own weights and optimizer state are the pending copy."""
         self.detector.load_state_dict(state["detector"])
         self.restore_steps = [int(s) for s in state["restore_steps"]]
         self.skip_steps = [int(s) for s in state.get("skip_steps", [])]

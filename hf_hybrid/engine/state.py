@@ -1,9 +1,8 @@
 """The engine state's format: readable JSON and a flat dict of tensors, split and joined back; and
 whether a saved state fits this configuration and these parameters.
 
-Small state (phase, counters, bandit statistics...) belongs where people can read it
-(`trainer_state.json`); tensors belong in a safetensors file. A tensor inside the nested state is
-replaced by the string `"@tensor:<flat name>"`, so the JSON says where each tensor went.
+Small state belongs where people can read it (`trainer_state.json`), tensors in a safetensors file; a
+tensor in the nested state is replaced by `"@tensor:<flat name>"`, so the JSON says where it went.
 """
 
 from __future__ import annotations
@@ -74,10 +73,8 @@ def parameter_fingerprint(params: Mapping[str, torch.Tensor]) -> dict[str, list[
 def describe_sharding_mismatch(
     saved: Mapping[str, int] | None, current: Mapping[str, int] | None
 ) -> str | None:
-    """Why a state saved under one sharding cannot be loaded under another (None: it can).
-
-    A sharded state holds one rank's shards of the buffers and the snapshot; another world size splits
-    the parameters differently, and another rank holds other rows. Unsharded is world size 1."""
+    """Why a state saved under one sharding cannot be loaded under another (None: it can; unsharded is
+    world size 1): another world size splits the parameters differently."""
     saved_size, current_size = (1 if s is None else int(s["world_size"]) for s in (saved, current))
     if saved_size != current_size:
         return (
@@ -100,8 +97,7 @@ def describe_unloadable(
     params: Mapping[str, torch.Tensor],
     sharding: Mapping[str, int] | None,
 ) -> str | None:
-    """Why a saved engine state cannot be loaded into this engine (None: it can): another format
-    version, another sharding (`sharding`: this engine's, None unsharded), configuration or parameters."""
+    """Why a saved engine state cannot be loaded into this engine (None: it can)."""
     version = state.get("format_version")
     if version != FORMAT_VERSION:
         return (
@@ -120,8 +116,7 @@ def describe_mismatch(
     params: Mapping[str, torch.Tensor],
     rename: Callable[[str], str] = str,
 ) -> str | None:
-    """Why a saved engine state cannot be used with this configuration and these parameters (None: it can);
-    configuration fields are named by `rename`."""
+    """Why a saved state cannot be used with this configuration and parameters (None: it can)."""
     problem = config.describe_mismatch(saved_config, rename)
     if problem:
         return problem

@@ -16,8 +16,7 @@ from .recovery import RecoveryAction
 
 @dataclass(frozen=True)
 class StepPlan:
-    """What the caller runs in the step: the phase, whether to measure its loss, and for a step that
-    measures nothing the last measured loss (what a log line can show)."""
+    """What the caller runs in the step: the phase, whether to measure its loss, else the last one."""
 
     phase: Phase
     measure_loss: bool
@@ -26,8 +25,7 @@ class StepPlan:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """What the caller measured in one optimizer step: the loss (averaged over ranks; None when a
-    predicted step measured nothing), the gradient norm (None in predicted steps) and the learning rate."""
+    """What the caller measured in one optimizer step (the loss averaged over ranks; None: not measured)."""
 
     loss: float | None
     grad_norm: float | None
@@ -36,8 +34,7 @@ class StepRecord:
 
 @dataclass(frozen=True)
 class StepOutcome:
-    """What the step did: its phase and loss, whether an update was applied and rolled back, the worst
-    alarm level, every alarm's reason, and the one action the engine took about them."""
+    """What the step did: phase, loss, update applied or rolled back, its alarms and the action taken."""
 
     phase: Phase
     loss: float | None

@@ -1,16 +1,9 @@
 """What the hybrid machinery costs, by part, on the same clock as the steps it is part of.
 
-Everything the hybrid trainer adds to a training step is charged to a named part: the engine's own
-work (`decide`, `guess`, `real_update`, `score`, ...) and the caller's (`trainer`: the Trainer-side
-hooks; `optimizer_wrapper`: `HybridOptimizer.step` around the engine). Parts nest and time goes to the
-innermost open one, so nothing is counted twice; `outside()` marks work inside a part that is the plain
-training step's own (the optimizer's step, the forward pass of a checked predict step) and charges it to
-nothing. The step itself is timed from `begin_step` to the end of `finish_step`.
-
-The clock is the process's CPU time while the parameters live in host memory — other processes on a
-shared machine stretch wall-clock by tens of percent but not the CPU time a run spends — and wall-clock
-(`perf_counter`) on an accelerator, whose kernels run outside the process's CPU time. On an
-accelerator the engine's share is host time: the kernels it launches run asynchronously.
+Everything the hybrid trainer adds to a step is charged to a named part; parts nest and time goes to the
+innermost open one (nothing counted twice); `outside()` marks the plain step's own work inside a part.
+The clock is CPU time on the host (a shared machine's load stretches wall-clock, not CPU time), and
+wall-clock on an accelerator, where the engine's share is host time (kernels run asynchronously).
 """
 
 from __future__ import annotations
@@ -107,7 +100,7 @@ class PartTimer:
         return {"parts": dict(self.seconds), "step_seconds": self.step_seconds, "steps": self.steps}
 
     def load_state_dict(self, state: Mapping[str, Any] | None) -> None:
-        """Carry on from a saved timing; None (a state saved before the timing was kept by part): restart."""
+        """Carry on from a saved timing (None: restart)."""
         if state is None:
             return
         self.seconds = {name: float(s) for name, s in state["parts"].items()}

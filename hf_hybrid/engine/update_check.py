@@ -1,39 +1,21 @@
 """The update check: an applied update many times the size of the recent ones that did harm is taken
 back (the weights of before the step are put back, as if its update had been clipped to nothing).
 
-Why the spike guard needs it: a few outsized updates can damage the weights by less than the batch noise
-of the loss. On `decoder_lora` an lr x30 burst raised the step loss by 6%, 1.5 noise units of one step,
-which no loss test tells from noise without firing on clean runs too, and the run ended 0.016 worse. The
-update's size is not noisy: with Adam it is the learning rate times a quantity that changes slowly from
-step to step, so the burst's first step is about 30 times the recent ones, while a clean run's steps stay
-within a few times of each other (`benchmarks/README.md`, "The spike guard", has the measured ratios).
+Why: a few outsized updates can damage the weights by less than the loss's batch noise (an lr x30
+burst on `decoder_lora`: +6% step loss, 1.5 noise units), while the update's size is not noisy (with
+Adam, the burst's first step is ~30x the recent ones; `benchmarks/README.md`, "The spike guard").
+Size alone would also take back a schedule's own jump, so an outsized update is judged by what it did:
 
-Size alone would also take back a schedule's own jump (a cosine restart). So an outsized update is
-judged by what it did, two ways:
+- its own batch, measured again after and before the step: an update computed from this very batch that
+  still made it worse has overshot and is taken back at once;
+- otherwise a learning-rate jump opens an *excursion*: back down within `MAX_EXCURSION` steps (a burst)
+  and the whole excursion is taken back; still up after that (a schedule's new level) and it stays.
 
-- its own batch: the step's batch is measured again at the weights after the step and at the weights
-  before it (the same dropout draws for both). An update that the optimizer computed from this very batch
-  and still made it worse has overshot: it is taken back at once.
-- the learning rate's excursion: an outsized update that lowered its batch's loss (30 times further
-  along one batch's gradient can still fit that batch: a classifier's adapter, a tiny model) opens an
-  *excursion*. The weights of before it stay copied, and the excursion is judged by where the learning
-  rate goes: back down within `MAX_EXCURSION` steps (a burst: a scheduler bug, a callback's edit of the
-  param groups, a user's own lr logic gone wrong) and the whole excursion is taken back, the step that
-  came back included (its gradient was taken at the damaged weights); still up after that (a schedule's
-  new level) and it stays, the new rate the normal one. The learning rates are read from the optimizer's
-  param groups right before each step, so a change is seen however it was made.
-
-What it costs per step is a sample of the weights' coordinates (`update_sample.py`). The whole weights
-are copied before a step only where it shows a sign that its update may be outsized: a learning rate over
-`LR_JUMP` times that of the last update kept, or a gradient norm over `GRAD_JUMP` times the recent median
-(the spike guard's detector's window). With Adam nothing else can make an update ten times the recent
-ones: a gradient spike of any size moves its update by at most about (1 - beta1) / sqrt(1 - beta2), 3.2x
-with the defaults, so the gradient's sign is for plain SGD. An optimizer without a learning rate in its
-groups has its weights copied every step. Taking an update back puts the weights back bit for bit; the
-optimizer keeps what it learnt from the step's gradient (Adam's moments and step count move on, as for a
-step whose update was clipped to nothing): a copy of the optimizer state would cost three times as much
-with Adam. Whether it runs is decided before training from bytes (its copy must fit the guard's memory
-budget, `guard_storage.py`), never from a timing, so a resumed run judges as the uninterrupted one.
+Per step it costs a sample of the coordinates (`update_sample.py`); the whole weights are copied only on
+a sign (a learning rate over `LR_JUMP`x the last kept one, a gradient norm over `GRAD_JUMP`x the recent
+median: with Adam a gradient spike moves the update by at most ~3.2x, so that sign is for SGD). The
+optimizer keeps what it learnt from the gradient (copying its state would cost 3x with Adam). Whether it
+runs is decided from bytes, never timings, so a resumed run judges as the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -58,11 +40,7 @@ MAX_EXCURSION = 8  # steps a raised learning rate may last and still be a burst 
 
 class UpdateCheck:
     """Judges each guarded step's applied update against the recent ones (see the module docstring).
-
-    `max_ratio` 0 turns it off. `suspect_loss()`: this step's batch's loss at the live weights, measured
-    again without a gradient and with the random state it had before (None: it cannot be). `device`:
-    where the copy lives ("cpu": host memory, pinned under CUDA; "same": the weights' device). Sharded
-    parameters are judged on every rank alike (the norm is summed over the ranks' shards)."""
+    `max_ratio` 0 turns it off; `suspect_loss()`: this step's batch's loss at the live weights (or None)."""
 
     def __init__(
         self,
@@ -97,10 +75,8 @@ class UpdateCheck:
 
     @torch.no_grad()
     def take(self, step: int, lrs: list[float | None] | None = None, grad_ratio: float | None = None) -> None:
-        """Before the optimizer runs: keep the sample of the weights it is about to change, and the whole
-        weights when `lrs` (each group's) or `grad_ratio` (this step's gradient norm over the recent
-        median, as the caller keeps it; None: not known) show a sign that the update may be outsized
-        (during an excursion the copy keeps the weights of before it)."""
+        """Before the optimizer runs: keep the sample of the weights, and the whole weights when `lrs` or
+        `grad_ratio` (gradient norm over the recent median) show a sign of an outsized update."""
         self.taken = self.on
         self.copied = self.excursion is not None
         if not self.on:
@@ -116,8 +92,7 @@ class UpdateCheck:
 
     def judge(self, can_take_back: bool = True) -> str | None:
         """After the optimizer ran: why its update (or the excursion it closes) must be taken back (None:
-        it stays, and its size joins the recent ones). `can_take_back=False`: it stays whatever it is.
-        During an excursion its updates are judged by where the learning rate goes, not one by one."""
+        it stays, and its size joins the recent ones)."""
         if not self.taken:
             return None
         norm = self.sample.update_norm()
@@ -136,8 +111,8 @@ class UpdateCheck:
         return None
 
     def _judge_step(self, ratio: float, can_take_back: bool) -> str | None:
-        """An update outside an excursion: one over `max_ratio` times the recent ones is taken back if it
-        raised its own batch's loss; one whose learning rate jumped and stays opens an excursion."""
+        """Outside an excursion: an outsized update that raised its own batch's loss is taken back; a
+        learning-rate jump opens an excursion."""
         outsized = ratio > self.max_ratio and can_take_back
         if outsized and not self.copied:
             self.unjudged += 1
@@ -169,10 +144,8 @@ class UpdateCheck:
         return None
 
     def _excursion_verdict(self, ratio: float, can_take_back: bool) -> str | None:
-        """An open excursion: the learning rate back down after an outsized update (a burst) takes it back
-        whole if the weights now do worse than those of before it on this step's batch, one the excursion's
-        updates never saw; still up after `MAX_EXCURSION` steps (a new level), back without any outsized
-        update, or back having done good keeps it, the rate then the normal one."""
+        """The learning rate back down after an outsized update takes the excursion back whole if this
+        step's batch (unseen by it) does worse than before it; else it stays."""
         first, step = self.excursion, self._step[0]
         self.excursion_outsized |= ratio > self.max_ratio
         if not self._lr_jumped():
@@ -194,8 +167,7 @@ class UpdateCheck:
 
     @torch.no_grad()
     def take_back(self) -> list[int]:
-        """Put back the weights of before the step, or of before the excursion it closed; the steps whose
-        updates are undone."""
+        """Put back the weights of before the step (or excursion); returns the steps undone."""
         torch._foreach_copy_(self.sample.live, self.copy)
         first, last = self.undone or (self._step[0], self._step[0])
         self.taken = self.copied = False
@@ -203,9 +175,7 @@ class UpdateCheck:
         return list(range(first, last + 1))
 
     def end_excursion(self) -> None:
-        """The weights were replaced (a restore) or saved (a checkpoint holds no copy): an open excursion
-        ends; the rate it opened at is still not the kept one, so a step at it is copied and judged
-        again, by a resumed run as by the uninterrupted one."""
+        """The weights were replaced or saved (a checkpoint holds no copy): an open excursion ends."""
         self.excursion = None
         self.copied = False
 
@@ -230,16 +200,14 @@ class UpdateCheck:
         return not lrs or not self.kept_lrs or any(lr is None for lr in lrs)
 
     def _may_overshoot(self) -> bool:
-        """This step shows a sign that its update may be outsized (see the module docstring): its weights
-        are worth copying. Never before the check can judge (too few updates seen)."""
+        """This step shows a sign that its update may be outsized: its weights are worth copying."""
         if len(self.norms) < self.min_history:
             return False
         grad_ratio = self._step[2]
         return self._lr_unread() or self._lr_jumped() or (grad_ratio is not None and grad_ratio > GRAD_JUMP)
 
     def _allocate(self) -> None:
-        """The copy's buffers (allocated at once, as the storage plan counted them: no surprise later) and
-        the sample."""
+        """The copy's buffers (all at once, as the storage plan counted them) and the sample."""
         self.sample = UpdateSample(self.params)
         live = self.sample.live
         pin = self.device == "cpu" and any(t.device.type == "cuda" for t in live)
@@ -257,8 +225,7 @@ class UpdateCheck:
 
     @torch.no_grad()
     def _paired_losses(self) -> tuple[float, float] | None:
-        """The step's batch's loss at the weights after the step and at the copy's (before the step, or
-        before the excursion), or None."""
+        """The step's batch's loss at the weights after the step and at the copy's, or None."""
         if self.suspect_loss is None:
             return None
         after = self.suspect_loss()

@@ -1,10 +1,8 @@
 """The coordinates the update check reads an applied update's norm on: the same share of every trainable
 tensor, about `SAMPLE` of them in all, kept before the optimizer runs and subtracted after it.
 
-An outsized step moves every coordinate, so a small sample sees it; its cost per step is two
-concatenations and a norm whatever the model's size (a per-tensor loop would cost a small model more than
-the arithmetic). Sharded parameters (FSDP2) are sampled shard by shard and the squared norm is summed over
-the ranks (one all-reduce of one scalar), so every rank reads the same norm and judges alike.
+An outsized step moves every coordinate, so a small sample sees it, at two concatenations and a norm
+a step whatever the model's size. Sharded, the squared norm is summed over the ranks (one scalar).
 """
 
 from __future__ import annotations
@@ -38,7 +36,7 @@ class UpdateSample:
     @staticmethod
     def _sample(live: list[torch.Tensor]) -> list[torch.Tensor]:
         """The same share of every tensor, a contiguous run at its start (a strided sample would still read
-        every cache line), about `SAMPLE` coordinates in all."""
+        every cache line)."""
         total = sum(t.numel() for t in live)
         share = min(1.0, SAMPLE / max(total, 1))
         counts = [max(1, math.ceil(t.numel() * share)) for t in live]

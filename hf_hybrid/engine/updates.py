@@ -1,15 +1,9 @@
 """The real update of the trainable parameters: what the optimizer did since the engine last looked.
 
-The tracker keeps an fp32 copy of the parameters as they were at the last observation (with a
-`CoordinateSample`, of the sampled coordinates only: what the engine scores on). `take()` returns the
-update per step since then (averaged over the real steps it was not asked about, which is how the
-dormant engine observes only every n-th step) and refreshes the copy. Predicted updates and rollbacks
-move the copy too (`shift`, `reset_to`), so they never count as something the optimizer did.
-With sharded parameters everything here is per shard: the copy is of this rank's shard (`local`).
-
-It runs on every observed step, so it works on all tensors at once: the sampled copy is one flat buffer
-(`last` holds views of it), so a step is three tensor operations however many parameters there are;
-the full-size copy is updated with `torch._foreach_*` calls over all tensors.
+An fp32 copy of the parameters (or of the sampled coordinates) at the last observation; `take()` returns
+the update per step since (averaged over unobserved steps) and refreshes it. Predicted updates and
+rollbacks move the copy too, so they never count as the optimizer's. Every observed step runs it, so
+the sampled copy is one flat buffer (`last`: views of it) and the full-size one uses `_foreach_*`.
 """
 
 from __future__ import annotations
@@ -42,8 +36,7 @@ class RealUpdateTracker:
         return tensor.detach() if self.sample is None else self.sample.gather(name, tensor)
 
     def _current(self) -> torch.Tensor:
-        """The sampled coordinates of all parameters now, in one flat fp32 tensor (on the device of the
-        first: a model split over devices is gathered onto one)."""
+        """The sampled coordinates of all parameters now, in one flat fp32 tensor (on the first's device)."""
         views = [self._view(name, p) for name, p in self.params.items()]
         return torch.cat([v if v.device == self._device else v.to(self._device) for v in views]).float()
 

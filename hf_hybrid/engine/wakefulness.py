@@ -1,13 +1,9 @@
 """When the engine sleeps, when it wakes, and how often it looks at the real updates meanwhile.
 
-Awake, the update watch holds full-size buffers (the guesses a predict phase applies) and the loss
-forecaster runs; asleep, the watch keeps a sample of the coordinates and the forecaster does not run, so
-a run whose predictions are far from useful pays little for them. The engine wakes when its confidence
-nears the threshold (`WAKE_AT` of it) and sleeps again under half of it: the gap keeps a skill hovering
-near one bound from allocating and freeing buffers at every step. While dormant (under half the
-threshold), and early in the warmup, it also looks at the real update only every `dormant_every`-th
-step: the look it skips is averaged into the next one. Whether a configuration's engine may sleep at
-all is `parts.may_sleep`.
+Asleep, the watch keeps a sample of the coordinates and the forecaster does not run, so useless
+predictions cost little. It wakes at `WAKE_AT` of the threshold and sleeps under half (the gap stops a
+hovering skill from allocating and freeing buffers every step). Dormant (under half) and early in the
+warmup, it looks at the real update only every `dormant_every`-th step (averaged into the next look).
 """
 
 from __future__ import annotations
@@ -40,7 +36,7 @@ class Wakefulness:
 
     def update(self, confidence: Confidence, step_number: int) -> bool:
         """Sleep while the skill is unknown or far from the threshold, wake when it nears it; True when
-        the engine switched. Called at WARMUP/FULL steps, when no predict phase is open."""
+        the engine switched (called at WARMUP/FULL steps)."""
         if not self.parts.watch.can_sleep:
             return False
         s = self.schedule
@@ -63,13 +59,8 @@ class Wakefulness:
         return True
 
     def dormant(self, confidence: Confidence) -> bool:
-        """Predictions have stayed far from useful: look at the real updates only every n-th step.
-
-        Observing costs several passes over every trainable parameter per step (~15% of a CPU step when
-        fully fine-tuning a 22M-parameter model); while the measured confidence sits under half the
-        threshold, an averaged update every `dormant_every` steps keeps the predictor and its score alive
-        at a fraction of that. (A sleeping engine's observations cost far less still.)
-        """
+        """Predictions have stayed far from useful: look at the real updates only every n-th step
+        (observing costs ~15% of a CPU step of a 22M-parameter full fine-tune)."""
         threshold = self.schedule.confidence_threshold
         if self.config.dormant_every <= 1 or threshold <= 0:
             return False
@@ -78,8 +69,7 @@ class Wakefulness:
         return confidence() < threshold / 2
 
     def skips_look(self, phase: Phase, steps_decided: int, confidence: Confidence) -> bool:
-        """Does this real step's update go unobserved (averaged into the next observed one)? Dormant FULL
-        steps and early warmup steps are looked at every `dormant_every`-th step only."""
+        """Does this real step's update go unobserved (averaged into the next observed one)?"""
         sparse = (phase is Phase.FULL and self.dormant(confidence)) or (
             phase is Phase.WARMUP and self._early_warmup(steps_decided)
         )

@@ -1,22 +1,12 @@
 """What the engine watches of the optimizer's work: the real update of each observed step, and the
 predictor's guess of it.
 
-Scoring — the skill of a guess against the real update of the same step — always runs on a seeded
-sample of the coordinates (`CoordinateSample`): the skill is a ratio of sums over coordinates, so the
-sample estimates it (asleep, on about 0.25% of the coordinates, within 0.01–0.02 of the whole skill on
-the benchmark tasks, 0.11 at worst: `docs/history.md`, "sampled skill"; `tests/engine/test_sample.py`),
-at a cost that does not grow with the model. A predictor whose guess for a coordinate uses only that
-coordinate's history (`supports_sharding`, for the same reason) gets a twin on the sample, the `scorer`,
-which guesses there what the full-size one guesses (up to rounding); for any other the full-size guess
-is gathered there.
-
-Asleep — while the guesses are far from useful — the sampled tracker and the scorer are all the watch
-keeps: no full-size buffer. Awake it adds the full-size predictor, whose guesses the PREDICT steps
-apply, and, for a predictor that learns from the real updates (`needs_deltas`), the full-size tracker
-that feeds it; and it scores on a denser sample (about `AWAKE_SAMPLE` coordinates of every tensor,
-all of a smaller one: the decisions to open phases rest on it, and a small model's sparse sample is a
-coordinate or two per tensor). Each switch starts the predictors and trackers over on the new extent;
-with sharded parameters everything here covers this rank's shard (or its part of the sample).
+Scoring always runs on a seeded sample of the coordinates (`CoordinateSample`): the skill is a ratio of
+sums, so the sample estimates it (within 0.01-0.02 on the benchmark tasks: `docs/history.md`, "sampled
+skill") at a cost that does not grow with the model. A `supports_sharding` predictor gets a twin on the
+sample, the `scorer`; any other's full-size guess is gathered there. Asleep the watch keeps no full-size
+buffer; awake it adds the full-size predictor (and tracker, for `needs_deltas`) and scores on a denser
+sample. Each switch starts the predictors and trackers over on the new extent.
 """
 
 from __future__ import annotations
@@ -39,11 +29,8 @@ AWAKE_SAMPLE = 4096  # coordinates scored per tensor while awake, about (all of 
 
 
 class UpdateWatch:
-    """The real-update trackers and the predictors, on the sample and, awake, on the parameters.
-
-    A predictor passed as an instance cannot be rebuilt for the sample, and one whose class sets
-    `supports_sampling = False` needs the full shapes: with either, the watch never sleeps.
-    """
+    """The real-update trackers and the predictors, on the sample and, awake, on the parameters. With a
+    predictor instance (it cannot be rebuilt) or `supports_sampling = False`, the watch never sleeps."""
 
     def __init__(
         self,
@@ -105,8 +92,7 @@ class UpdateWatch:
         )
 
     def set_awake(self, awake: bool) -> None:
-        """Build the predictors and trackers for the new state, from the parameters as they are now: a
-        predictor's history was of the other extent."""
+        """Build the predictors and trackers for the new state, from the parameters as they are now."""
         self.awake = awake
         self.sampled_updates = RealUpdateTracker(self.params, self.sample)
         if not awake:
@@ -128,8 +114,7 @@ class UpdateWatch:
         return self._ask(self.predictor, steps_ahead, sampled=not self.awake, scoring=False)
 
     def sampled_guess(self, steps_ahead: int) -> tuple[Deltas | None, Alarm | None]:
-        """The guess at the sampled coordinates, for scoring: the scorer's, or the full-size guess
-        gathered there. Its alarm is a WARNING that blames no weights: nothing was applied."""
+        """The guess at the sampled coordinates, for scoring (its alarm blames no weights)."""
         if self.scorer is not None:
             return self._ask(self.scorer, steps_ahead, sampled=True, scoring=True)
         predicted, alarm = self._ask(self._full, steps_ahead, sampled=False, scoring=True)
@@ -140,11 +125,8 @@ class UpdateWatch:
     def _ask(
         self, predictor: DeltaPredictor, steps_ahead: int, sampled: bool, scoring: bool
     ) -> tuple[Deltas | None, Alarm | None]:
-        """(guess, None), or (None, an alarm) for a predictor that raised or returned a tensor of another
-        shape than it should (which would crash or silently broadcast); the predictors are then reset. A
-        guess to be applied that fails is CRITICAL; one only to be scored (`scoring`) says nothing about
-        the weights. Sharded, a failure on any rank is a failure on all (one all-reduce), so all take the
-        same path."""
+        """(guess, None), or (None, an alarm) for a predictor that raised or guessed a wrong shape (then
+        reset); CRITICAL unless only `scoring`. Sharded, a failure on any rank is a failure on all."""
         failure = None
         try:
             predicted = predictor.predict(steps_ahead)
@@ -218,8 +200,7 @@ class UpdateWatch:
         ]
 
     def state_dict(self) -> dict[str, Any]:
-        """`updates`/`predictor`: the acting tracker and predictor (asleep: the sampled ones); awake, the
-        sampled tracker and the scorer beside them."""
+        """`updates`/`predictor`: the acting tracker and predictor; awake, the sampled ones beside them."""
         if not self.awake:
             return {
                 "awake": False,
@@ -235,9 +216,7 @@ class UpdateWatch:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore the saved state: its wakefulness first, then its contents. An awake state saved before
-        scoring moved to the sample (no `sampled_updates`) keeps the full-size part; the sampled part
-        starts from the parameters as they are, with a scorer that starts over."""
+        """Its wakefulness first, then its contents (a state without `sampled_updates` starts them over)."""
         self.set_awake(bool(state["awake"]))
         if not self.awake:
             self.sampled_updates.load_state_dict(state["updates"])
