@@ -247,8 +247,14 @@ def current_table(records: dict[str, dict], previous: dict[str, dict]) -> str:
     tasks = list(records)
     winners = wins_everywhere(records)
     missing = [t for t in TASK_ORDER if t not in records and t not in running]
+    partial = [t for t in TASK_ORDER if t not in records]
+    named = ", ".join(f"`{w}`" for w in winners)
     headline = (
-        f"**Yes, on every task measured**: {', '.join(f'`{w}`' for w in winners)}."
+        f"**Not known yet**: {len(records)} of {len(TASK_ORDER)} tasks judged by this judge so far"
+        + (f" ({named} wins on each of them)" if winners else "")
+        + "; nothing is made the default before every task is judged."
+        if partial
+        else f"**Yes, on every task measured**: {named}."
         if winners
         else "**Not so far.** No method wins against the lr-raced plain `Trainer` on every task measured, "
         "the hybrid trainer included, so nothing is made the default: the library's default trains exactly "
@@ -278,7 +284,9 @@ def current_table(records: dict[str, dict], previous: dict[str, dict]) -> str:
             lines.append(f"| {label} | " + " | ".join(cell(c) for c in cells) + " |")
     lines += [
         "",
-        f"**Wins on every task**: {', '.join(f'`{w}`' for w in winners)}."
+        f"**Wins on every task judged so far** ({len(records)} of {len(TASK_ORDER)}): {named}."
+        if winners and partial
+        else f"**Wins on every task**: {named}."
         if winners
         else "**No method wins on every task**: nothing here is made the default.",
         "",
