@@ -20,6 +20,8 @@ import statistics
 import sys
 from pathlib import Path
 
+from hf_hybrid.bench.report import recommendation
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "arena"
 PREVIOUS = ROOT / "benchmarks" / "results" / "arena_v2"  # the previous judge's records (schema 2)
@@ -302,6 +304,10 @@ def current_table(records: dict[str, dict], previous: dict[str, dict]) -> str:
         lines += [f"- `{t}`: `{r['command']}` ({len(r['runs'])} runs so far)" for t, r in running.items()]
     if missing:
         lines += ["", f"Not rerun yet under this judge: {', '.join(f'`{t}`' for t in missing)}."]
+    for task, record in records.items():
+        if any(v["verdict"] == "wins" and not v.get("null_control_of") for v in record["verdicts"]):
+            lines += ["", f"What to do next on `{task}` (its report's advice, with the code to paste):", ""]
+            lines += recommendation(record)[2:-1]
     changed = changes(records, previous)
     if changed:
         lines += [

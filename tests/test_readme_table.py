@@ -104,6 +104,8 @@ def test_each_cell_says_its_band_and_each_task_its_resolution_and_cost(judged):
     assert f"- `clm_stdlib`: resolution {resolution['resolution']:.2f}x at 3 seed(s);" in generated
     assert f"plain's part {judged['plain']['cost_plain_runs']['total']:.1f}" in generated
     assert "| `packing` |" not in generated  # a family no record holds is not a row
+    advice = generated.partition("What to do next on `clm_stdlib`")[2]
+    assert "`freeze:2` wins" in advice and "```python" in advice  # the winner's code to paste
 
 
 def test_a_method_that_wins_on_one_task_is_named_with_its_task():
