@@ -149,7 +149,13 @@ def recommendation(data: Mapping[str, Any]) -> list[str]:
             f"{speedup_text(best, 'speedup_time')} in time, beyond its band. Train with it at learning rate "
             f"{rate:.3g}:"
         )
-        lines += ["", "```python", *arguments(best["method"], rate, steps, protocol, own or None), "```"]
+        row_length = data["task"].get("seq_len")
+        lines += [
+            "",
+            "```python",
+            *arguments(best["method"], rate, steps, protocol, own or None, row_length),
+            "```",
+        ]
     else:
         rate = base * plain["best_lr_multiplier"][str(1.0)]
         lines.append(f"No method wins here: keep the plain Trainer, at its raced learning rate {rate:.3g}:")
@@ -162,10 +168,10 @@ def recommendation(data: Mapping[str, Any]) -> list[str]:
 
 
 def arguments(
-    method: str, rate: float, steps: Any, protocol: Mapping[str, Any], own: str | None
+    method: str, rate: float, steps: Any, protocol: Mapping[str, Any], own: str | None, row_length: Any = None
 ) -> list[str]:
     """The code of a run like the arena's: its schedule (the task's own where the record fell back to it),
-    its rate and the method's own settings."""
+    its rate and the method's own settings (a packing's collator, rows of the task's `row_length`)."""
     decay = protocol.get("cooldown_fraction", 0.2)
     schedule = (
         f'lr_scheduler_type="warmup_stable_decay", lr_scheduler_kwargs={{"num_decay_steps": '
@@ -182,11 +188,19 @@ def arguments(
         overrides = [f"{k if k.startswith('hybrid_') else 'hybrid_' + k}={v}" for k, v in pairs]
         return [f'args = HybridTrainingArguments(output_dir="out", {", ".join(fields + overrides)})']
     if name == "group_by_length":
-        fields.append("group_by_length=True")
+        fields.append('train_sampling_strategy="group_by_length"')
     lines = [f'args = TrainingArguments(output_dir="out", {", ".join(fields)})']
-    if name == "packing":
+    packing = "hf_hybrid.bench.methods.packing"
+    collators = {
+        "packing": "transformers.DataCollatorWithFlattening()  # no padding, per-example position_ids",
+        "packing:rows": f"{packing}.PackedRows({row_length}, tokenizer.pad_token_id)  "
+        "# bin-packed rows, per-example position_ids",
+        "packing-naive": f"{packing}.ConcatenatedRows({row_length}, tokenizer.pad_token_id)"
+        "  # examples end to end, attending to each other",
+    }
+    if method in collators:
         lines += [
-            "collator = transformers.DataCollatorWithFlattening()  # no padding, per-example position_ids",
+            f"collator = {collators[method]}",
             "trainer = Trainer(model=model, args=args, train_dataset=train, data_collator=collator)",
         ]
     if name == "freeze":

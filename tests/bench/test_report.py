@@ -7,7 +7,15 @@ import copy
 
 import pytest
 
-from hf_hybrid.bench.report import _notes, markdown, plot, recommendation, resolution_lines, short_label
+from hf_hybrid.bench.report import (
+    _notes,
+    arguments,
+    markdown,
+    plot,
+    recommendation,
+    resolution_lines,
+    short_label,
+)
 
 
 def _verdict(method, verdict, units, seeds=(0,), parent=None, stopped=None):
@@ -175,3 +183,16 @@ def test_a_record_still_running_is_drawn_as_its_points_so_far(tmp_path):
 @pytest.mark.parametrize("verdict", ["wins", "ties", "loses"])
 def test_the_report_ends_with_what_to_do_next(verdict):
     assert "## What to do next" in markdown(_with([_verdict("freeze:3", verdict, 1.4, (0, 1, 2))]))
+
+
+@pytest.mark.parametrize(
+    ("method", "expected"),
+    [
+        ("packing", "DataCollatorWithFlattening()"),
+        ("packing:rows", "PackedRows(128, tokenizer.pad_token_id)"),
+        ("packing-naive", "ConcatenatedRows(128, tokenizer.pad_token_id)"),
+        ("group_by_length", 'train_sampling_strategy="group_by_length"'),
+    ],
+)
+def test_the_code_to_paste_carries_each_layout_method_s_collator_or_argument(method, expected):
+    assert expected in "\n".join(arguments(method, 1e-4, 400, {}, None, 128))
