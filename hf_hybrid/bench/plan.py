@@ -18,7 +18,7 @@ inputs are decided so that workers are not left idle:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -284,18 +284,19 @@ class Planner(Chains):
         self._null(method, rate, self.protocol.seeds, READ_AT)
 
     def _same_trajectory(self, method: Method, rate: float, record: dict[str, Any]) -> bool:
-        """A short run at plain's rate, against plain's run of the same budget, both asked for in one
-        stage so that they are timed side by side (a trunk's point can be hours older, on a machine
-        otherwise loaded): True when it trains plain's trajectory within the task's resolution (judged
-        in time); False sends it to the race."""
+        """A short run at plain's rate, against plain's run of the same budget, run twice, all asked for
+        in one stage so that they are timed side by side (a trunk's point can be hours older, on a machine
+        otherwise loaded) and plain's two runs give the clock noise of that stage: True when it trains
+        plain's trajectory within the task's resolution (judged in time); False sends it to the race."""
         short = rules.SAME_TRAJECTORY_BUDGET
         mine = self.run_spec(method.spec, self.first, rate, short)
         theirs = self.run_spec("plain", self.first, rate, short)
+        again = replace(theirs, repeat=1)
         evidence = self.evidence(all_seeds=True)
-        if not self._need([mine, theirs]) or evidence is None:
+        if not self._need([mine, theirs, again]) or evidence is None:
             self.waiting = True
             return True
-        noise = rules.clock_noise([r.seconds for r in self._plain_points(short)])
+        noise = rules.clock_noise([self._row(theirs).seconds, self._row(again).seconds])
         check = reading.same_trajectory(evidence, self._row(mine), self._row(theirs), noise)
         record.update(lr_multiplier=rate, same_trajectory=check)
         return check["matches"]

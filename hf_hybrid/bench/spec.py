@@ -40,6 +40,7 @@ class RunSpec:
     per_example: bool = False  # keep the per-example eval losses (plain full-budget points)
     replays: str | None = None  # a null control: the key of the row whose phases it replays
     replay: tuple[str, ...] | None = None
+    repeat: int = 0  # the same run again (n > 0), timed beside the first: the clock noise of identical work
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -62,6 +63,7 @@ class RunSpec:
             f"{self.method} | lr {self.learning_rate:.6g} | seed {self.seed} | {self.kind} {shape} "
             f"{self.start}-{self.stop} of {self.steps}"
         )
+        key += f" | repeat {self.repeat}" if self.repeat else ""
         return key if self.replays is None else f"{key} | replays [{self.replays}]"
 
     @property

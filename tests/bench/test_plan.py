@@ -148,6 +148,24 @@ def test_a_same_trajectory_method_is_judged_in_time_from_one_short_run(tmp_path)
     assert len(mine) == 1 and "0-50 of 50" in mine[0]  # one run of a quarter of the budget
 
 
+def test_the_clock_noise_is_plain_s_short_run_timed_twice_beside_the_method(tmp_path):
+    def seconds(spec):
+        steps = spec.stop - spec.start
+        if spec.method.startswith("args:"):
+            return steps / 1.3
+        return steps * (1.5 if spec.repeat else 1.0)  # plain's second run took 1.5x: noise ±50%
+
+    executor = Fake(
+        lambda m, r, b, s: plain_loss(r, b, s), aliases={"args:torch_compile=true": "plain"}, seconds=seconds
+    )
+    data, ran = run(tmp_path, ["plain", "args:torch_compile=true"], None, executor=executor)
+    check = data["decisions"]["methods"]["args:torch_compile=true"]["same_trajectory"]
+    assert check["clock_noise"] == pytest.approx(0.5) and check["speedup_time"] == pytest.approx(1.3)
+    assert verdict_of(data, "args:torch_compile=true")["verdict"] == rules.TIES  # 1.3x inside ±50%
+    again = [k for k in ran.ran if k.startswith("plain") and "repeat 1" in k]
+    assert len(again) == 1 and "0-50 of 50" in again[0]
+
+
 def test_a_same_trajectory_method_that_leaves_plain_s_trajectory_is_raced(tmp_path):
     def loss(m, r, b, s):
         # its steps cost half of plain's: +0.8 is worse than plain at half its budget (+0.5)
