@@ -301,12 +301,6 @@ class Planner(Chains):
         record.update(lr_multiplier=rate, same_trajectory=check)
         return check["matches"]
 
-    def _plain_points(self, budget: float) -> list[RunRow]:
-        """Plain's first-seed points at `budget`, every rate raced there (identical work: the clock noise)."""
-        rates = self.decisions.plain.get("rungs", {}).get(str(budget), [])
-        rows = [self.point("plain", self.first, r, budget) for r in rates]
-        return [r for r in rows if r is not None]
-
     def _null(self, method: Method, rate: float, seeds: Sequence[int], budget: float) -> None:
         """The null control replays each of the method's runs at `rate` that the verdict reads (`budget`
         on `seeds`), as itself (a uniform draw for selective backprop) or replaying its phases (a hybrid

@@ -233,8 +233,6 @@ def _plain_lines(data: Mapping[str, Any]) -> list[str]:
     lines = [f"Plain's rate per budget (x the base rate {base:g}): {rates}; full-budget eval loss {losses}."]
     for budget, why in (plain.get("untuned") or {}).items():
         lines.append(f"**Plain's race is untuned at {float(budget):g} of the budget**: {why}.")
-    if plain.get("clock_noise") is not None:
-        lines.append(f"Clock noise ±{plain['clock_noise']:.1%} (plain's 1/4 points: identical work).")
     check = decisions.get("schedule_check") or {}
     if check:
         verdict = (

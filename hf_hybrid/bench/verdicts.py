@@ -69,7 +69,6 @@ def _plain(planner: Planner, evidence: reading.Evidence, cost: dict[str, Any]) -
             "seeds_for_target": rules.seeds_for(band, evidence.variance),
             "eval_factor_for_target": rules.eval_factor_for(band),
         },
-        "clock_noise": rules.clock_noise([r.seconds for r in planner._plain_points(rules.RACE_RUNGS[0])]),
         "mode": planner.decisions.mode,
         "cost_plain_runs": cost["plain"],
     }
