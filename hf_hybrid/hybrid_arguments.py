@@ -7,7 +7,7 @@ under its `hybrid_*` name in `__post_init__`. Imports neither transformers nor t
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, Field, dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 from .engine.config import GUARD_DEVICES, GUARD_STORAGES, EngineConfig, SpikeGuardConfig
@@ -30,24 +30,24 @@ def engine_target(hybrid_name: str) -> tuple[str, str] | None:
     return None
 
 
+def help_field(default: Any, help: str, **metadata: Any) -> Any:
+    """A dataclass field with its `--help` text (and `choices`), as HfArgumentParser and the short help
+    read them."""
+    return field(default=default, metadata={"help": help, **metadata})
+
+
 def _engine_field(name: str, help: str) -> Any:
     """A field whose default is the engine's own: `name` of PhaseSchedule or EngineConfig."""
     source = PhaseSchedule if name in {f.name for f in fields(PhaseSchedule)} else EngineConfig
-    default = next(f for f in fields(source) if f.name == name)
-    if default.default is MISSING:
-        return field(default_factory=default.default_factory, metadata={"help": help})
-    return field(default=default.default, metadata={"help": help})
+    return help_field(next(f for f in fields(source) if f.name == name).default, help)
 
 
 @dataclass
 class HybridArgumentsMixin:
     """The hybrid fields; see each field's help."""
 
-    hybrid_enabled: bool = field(
-        default=True,
-        metadata={
-            "help": "Route optimizer steps through the phase machine. False: exactly the plain Trainer."
-        },
+    hybrid_enabled: bool = help_field(
+        True, "Route optimizer steps through the phase machine. False: exactly the plain Trainer."
     )
     hybrid_warmup_steps: int = _engine_field(
         "warmup_steps",
@@ -78,9 +78,8 @@ class HybridArgumentsMixin:
         "`hf_hybrid.register_predictor`) or auto (`adam`, which replays torch Adam/AdamW with no extra "
         "buffer, when the optimizer allows, else `ema`).",
     )
-    hybrid_predictor_kwargs: dict | str | None = field(
-        default=None,
-        metadata={"help": "Constructor arguments of the predictor, a JSON object (e.g. '{\"beta\": 0.8}')."},
+    hybrid_predictor_kwargs: dict | str | None = help_field(
+        None, "Constructor arguments of the predictor, a JSON object (e.g. '{\"beta\": 0.8}')."
     )
     hybrid_check_every: int = _engine_field(
         "check_every",
@@ -98,8 +97,8 @@ class HybridArgumentsMixin:
     hybrid_snapshot_device: str = _engine_field(
         "snapshot_device", "Where the rollback snapshot lives: same (the parameters' device) or cpu."
     )
-    hybrid_seed: int | None = field(
-        default=None, metadata={"help": "Seed of the engine's own generators (default: the training `seed`)."}
+    hybrid_seed: int | None = help_field(
+        None, "Seed of the engine's own generators (default: the training `seed`)."
     )
     hybrid_use_bandit: bool = _engine_field(
         "use_bandit", "Choose the horizon with a UCB1 bandit; False always uses the largest allowed."
@@ -110,73 +109,58 @@ class HybridArgumentsMixin:
         "a sample of about 1 in 400 coordinates only and observes the (averaged) real update every n-th step "
         "(1: never sleeps: full-size buffers, every step).",
     )
-    hybrid_probe_batches: int = field(
-        default=0,
-        metadata={
-            "help": "Validate each predict phase on this many fixed training-sized batches (eval mode, "
-            "no_grad): it is kept only if their loss fell from the phase's start to its end (0: off, the "
-            "noisier training-loss regression test decides)."
-        },
+    hybrid_probe_batches: int = help_field(
+        0,
+        "Validate each predict phase on this many fixed training-sized batches (eval mode, "
+        "no_grad): it is kept only if their loss fell from the phase's start to its end (0: off, the "
+        "noisier training-loss regression test decides).",
     )
-    hybrid_console_metrics: str = field(
-        default="compact",
-        metadata={
-            "help": "What the console shows of the hybrid/* metrics at each logging step: compact (the phase "
-            "and the share of skipped backward passes) or full (every key). Trackers and trainer_state.json "
-            "always get every key.",
-        },
+    hybrid_console_metrics: str = help_field(
+        "compact",
+        "What the console shows of the hybrid/* metrics at each logging step: compact (the phase "
+        "and the share of skipped backward passes) or full (every key). Trackers and trainer_state.json "
+        "always get every key.",
     )
-    hybrid_restart_engine: bool = field(
-        default=False,
-        metadata={
-            "help": "On resume, ignore the saved hybrid state and start a new engine (needed after changing "
-            "the hybrid configuration or the trainable parameters); counters and timeline carry on."
-        },
+    hybrid_restart_engine: bool = help_field(
+        False,
+        "On resume, ignore the saved hybrid state and start a new engine (needed after changing "
+        "the hybrid configuration or the trainable parameters); counters and timeline carry on.",
     )
-    hybrid_spike_guard: str = field(
-        default="auto",
-        metadata={
-            "help": "Judge every real step's loss before its update is applied. A spike is blamed first: "
-            "its batch is measured again at the guard's copy of the weights; bad data (as bad there) is "
-            "skipped, damaged weights that do not come back by themselves within a few steps are restored "
-            "from the copy (weights and optimizer state; the batches since skipped); an outsized update "
-            "that did harm is taken back. Every action is a warning, a hybrid/* metric, a timeline mark and "
-            "a summary line. auto (the default): on whenever its copies fit (hybrid_guard_storage), off "
-            "otherwise; on: always (with no copy that fits it only skips bad batches); off.",
-            "choices": list(SPIKE_GUARD_MODES),
-        },
+    hybrid_spike_guard: str = help_field(
+        "auto",
+        "Judge every real step's loss before its update is applied. A spike is blamed first: "
+        "its batch is measured again at the guard's copy of the weights; bad data (as bad there) is "
+        "skipped, damaged weights that do not come back by themselves within a few steps are restored "
+        "from the copy (weights and optimizer state; the batches since skipped); an outsized update "
+        "that did harm is taken back. Every action is a warning, a hybrid/* metric, a timeline mark and "
+        "a summary line. auto (the default): on whenever its copies fit (hybrid_guard_storage), off "
+        "otherwise; on: always (with no copy that fits it only skips bad batches); off.",
+        choices=list(SPIKE_GUARD_MODES),
     )
-    hybrid_guard_storage: str = field(
-        default="auto",
-        metadata={
-            "help": "Where the spike guard's two copies live: host (weights and optimizer state in host "
-            "memory), weights (weights only; a restore resets the optimizer moments), checkpoint (none in "
-            "memory: a restore reads the last checkpoint the Trainer saved), none (no copy: skips only), or "
-            "auto: the first of host, weights, checkpoint that fits hybrid_guard_memory_mb.",
-            "choices": list(GUARD_STORAGE_CHOICES),
-        },
+    hybrid_guard_storage: str = help_field(
+        "auto",
+        "Where the spike guard's two copies live: host (weights and optimizer state in host "
+        "memory), weights (weights only; a restore resets the optimizer moments), checkpoint (none in "
+        "memory: a restore reads the last checkpoint the Trainer saved), none (no copy: skips only), or "
+        "auto: the first of host, weights, checkpoint that fits hybrid_guard_memory_mb.",
+        choices=list(GUARD_STORAGE_CHOICES),
     )
-    hybrid_guard_memory_mb: float | None = field(
-        default=None,
-        metadata={
-            "help": "Host memory the spike guard's copies may take, in MiB (default: a fifth of the host "
-            "memory available when training starts). Copies that do not fit fall back to the next storage."
-        },
+    hybrid_guard_memory_mb: float | None = help_field(
+        None,
+        "Host memory the spike guard's copies may take, in MiB (default: a fifth of the host "
+        "memory available when training starts). Copies that do not fit fall back to the next storage.",
     )
-    hybrid_guard_every: int = field(
-        default=_GUARD_DEFAULTS.every,
-        metadata={"help": "Optimizer steps between two copies of the spike guard (>= 1)."},
+    hybrid_guard_every: int = help_field(
+        _GUARD_DEFAULTS.every, "Optimizer steps between two copies of the spike guard (>= 1)."
     )
-    hybrid_guard_spacing_mb: float = field(
-        default=128.0,
-        metadata={
-            "help": "A copy of up to this many MiB is taken every hybrid_guard_every steps; a larger one x2 "
-            "further apart per doubling of its size, x16 at most (0: every hybrid_guard_every steps)."
-        },
+    hybrid_guard_spacing_mb: float = help_field(
+        128.0,
+        "A copy of up to this many MiB is taken every hybrid_guard_every steps; a larger one x2 "
+        "further apart per doubling of its size, x16 at most (0: every hybrid_guard_every steps).",
     )
-    hybrid_guard_max_update_ratio: float = field(
-        default=_GUARD_DEFAULTS.max_update_ratio,
-        metadata={"help": "Take back an update over this many times the recent ones that did harm (0: off)."},
+    hybrid_guard_max_update_ratio: float = help_field(
+        _GUARD_DEFAULTS.max_update_ratio,
+        "Take back an update over this many times the recent ones that did harm (0: off).",
     )
     hybrid_guard_max_restores: int = field(
         default=_GUARD_DEFAULTS.max_restores,
@@ -185,13 +169,11 @@ class HybridArgumentsMixin:
             "guard says so and lets the run train through until the window has passed (>= 0)."
         },
     )
-    hybrid_guard_device: str = field(
-        default=_GUARD_DEFAULTS.device,
-        metadata={
-            "help": "Where the spike guard's host/weights copies live: cpu (host memory, pinned on CUDA) or "
-            "same (the parameters' device).",
-            "choices": list(GUARD_DEVICES),
-        },
+    hybrid_guard_device: str = help_field(
+        _GUARD_DEFAULTS.device,
+        "Where the spike guard's host/weights copies live: cpu (host memory, pinned on CUDA) or "
+        "same (the parameters' device).",
+        choices=list(GUARD_DEVICES),
     )
 
     def __post_init__(self) -> None:

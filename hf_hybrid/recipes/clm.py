@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ..data import DataError, card_dataset_name, lm_datasets
+from ..hybrid_arguments import help_field
 from .common import PretrainedModelArguments, TextDataArguments, run_recipe
 
 logger = logging.getLogger(__name__)
@@ -29,20 +30,16 @@ MAX_DEFAULT_BLOCK_SIZE = 1024
 class ModelArguments(PretrainedModelArguments):
     """The causal LM: a pretrained one, or the built-in model from scratch."""
 
-    model_name_or_path: str | None = field(
-        default=None,
-        metadata={
-            "help": "Hub id or local directory of a causal LM (AutoModelForCausalLM + AutoTokenizer). "
-            "Leave empty to train the built-in `--model_config` from scratch."
-        },
+    model_name_or_path: str | None = help_field(
+        None,
+        "Hub id or local directory of a causal LM (AutoModelForCausalLM + AutoTokenizer). "
+        "Leave empty to train the built-in `--model_config` from scratch.",
     )
-    model_config: str | None = field(
-        default=None,
-        metadata={
-            "help": "Built-in model trained from scratch when no `--model_name_or_path` is given: `tiny` is "
-            "a byte-level GPT-2 (2 layers x 64, vocabulary 256, 128 positions, no tokenizer).",
-            "choices": list(BUILTIN_MODEL_CONFIGS),
-        },
+    model_config: str | None = help_field(
+        None,
+        "Built-in model trained from scratch when no `--model_name_or_path` is given: `tiny` is "
+        "a byte-level GPT-2 (2 layers x 64, vocabulary 256, 128 positions, no tokenizer).",
+        choices=list(BUILTIN_MODEL_CONFIGS),
     )
 
     def __post_init__(self) -> None:
@@ -58,24 +55,19 @@ class ModelArguments(PretrainedModelArguments):
 class DataArguments(TextDataArguments):
     """The text, cut into blocks of `block_size` tokens."""
 
-    dataset: str = field(
-        default="stdlib",
-        metadata={
-            "help": "`stdlib` (built-in: the Python standard library's source, offline), a local "
-            ".txt/.csv/.json/.jsonl file, or a Hub dataset name (datasets.load_dataset)."
-        },
+    dataset: str = help_field(
+        "stdlib",
+        "`stdlib` (built-in: the Python standard library's source, offline), a local "
+        ".txt/.csv/.json/.jsonl file, or a Hub dataset name (datasets.load_dataset).",
     )
-    max_train_samples: int | None = field(
-        default=None, metadata={"help": "Keep at most this many training blocks (stdlib default: 4096)."}
+    max_train_samples: int | None = help_field(
+        None, "Keep at most this many training blocks (stdlib default: 4096)."
     )
-    max_eval_samples: int | None = field(
-        default=None, metadata={"help": "Keep at most this many evaluation blocks (stdlib default: 256)."}
+    max_eval_samples: int | None = help_field(
+        None, "Keep at most this many evaluation blocks (stdlib default: 256)."
     )
-    block_size: int | None = field(
-        default=None,
-        metadata={
-            "help": "Tokens per training block (default: the model's context, at most 1024; 128 for `tiny`)."
-        },
+    block_size: int | None = help_field(
+        None, "Tokens per training block (default: the model's context, at most 1024; 128 for `tiny`)."
     )
 
     def __post_init__(self) -> None:

@@ -14,11 +14,11 @@ import textwrap
 import types
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import MISSING, Field, dataclass, field, fields
+from dataclasses import MISSING, Field, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from ..hybrid_arguments import HybridArgumentsMixin
+from ..hybrid_arguments import HybridArgumentsMixin, help_field
 
 logger = logging.getLogger(__name__)
 
@@ -34,16 +34,12 @@ HELP_WIDTH = 100
 class PretrainedModelArguments:
     """Which pretrained model to load, and how."""
 
-    model_name_or_path: str | None = field(
-        default=None, metadata={"help": "Hub id or local directory of the model."}
-    )
-    tokenizer_name: str | None = field(
-        default=None, metadata={"help": "Tokenizer hub id or directory, if not the model's own."}
-    )
-    cache_dir: str | None = field(default=None, metadata={"help": "Where downloaded models are cached."})
-    revision: str = field(default="main", metadata={"help": "Model revision (branch, tag or commit)."})
-    trust_remote_code: bool = field(
-        default=False, metadata={"help": "Allow model code from the Hub to run (only for repos you trust)."}
+    model_name_or_path: str | None = help_field(None, "Hub id or local directory of the model.")
+    tokenizer_name: str | None = help_field(None, "Tokenizer hub id or directory, if not the model's own.")
+    cache_dir: str | None = help_field(None, "Where downloaded models are cached.")
+    revision: str = help_field("main", "Model revision (branch, tag or commit).")
+    trust_remote_code: bool = help_field(
+        False, "Allow model code from the Hub to run (only for repos you trust)."
     )
 
     def hub_kwargs(self) -> dict[str, Any]:
@@ -59,25 +55,13 @@ class PretrainedModelArguments:
 class TextDataArguments:
     """Which text to train on: a built-in dataset, a local file or a Hub dataset."""
 
-    dataset: str = field(
-        default="", metadata={"help": "A local .txt/.csv/.json/.jsonl file or a Hub dataset."}
-    )
-    dataset_config_name: str | None = field(
-        default=None, metadata={"help": "Configuration name of a Hub dataset."}
-    )
-    text_column: str = field(default="text", metadata={"help": "Column holding the text (not for .txt)."})
-    max_train_samples: int | None = field(
-        default=None, metadata={"help": "Keep at most this many training examples."}
-    )
-    max_eval_samples: int | None = field(
-        default=None, metadata={"help": "Keep at most this many evaluation examples."}
-    )
-    validation_split_percentage: int = field(
-        default=5,
-        metadata={
-            "help": "Percentage of the training split held out for evaluation when there is no "
-            "validation split."
-        },
+    dataset: str = help_field("", "A local .txt/.csv/.json/.jsonl file or a Hub dataset.")
+    dataset_config_name: str | None = help_field(None, "Configuration name of a Hub dataset.")
+    text_column: str = help_field("text", "Column holding the text (not for .txt).")
+    max_train_samples: int | None = help_field(None, "Keep at most this many training examples.")
+    max_eval_samples: int | None = help_field(None, "Keep at most this many evaluation examples.")
+    validation_split_percentage: int = help_field(
+        5, "Percentage of the training split held out for evaluation when there is no validation split."
     )
 
     def __post_init__(self) -> None:
