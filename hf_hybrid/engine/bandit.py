@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from .validation import check_float, check_int
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["HorizonBandit", "default_arms", "phase_reward"]
@@ -21,16 +23,10 @@ __all__ = ["HorizonBandit", "default_arms", "phase_reward"]
 _TIE_REL_TOL = 1e-12
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def default_arms(min_steps: int, max_steps: int) -> list[int]:
     """Candidate horizons: ``min_steps``, the powers of two strictly between, ``max_steps``."""
-    if not _is_int(min_steps) or min_steps < 1:
-        raise ValueError(f"min_steps must be an int >= 1, got {min_steps!r}")
-    if not _is_int(max_steps) or max_steps < min_steps:
-        raise ValueError(f"max_steps must be an int >= min_steps ({min_steps}), got {max_steps!r}")
+    check_int("min_steps", min_steps, 1)
+    check_int("max_steps", max_steps, min_steps, bounds=f"an integer >= `min_steps` ({min_steps})")
     arms = {min_steps, max_steps}
     power = 1
     while power < max_steps:
@@ -43,10 +39,8 @@ def default_arms(min_steps: int, max_steps: int) -> list[int]:
 def phase_reward(predicted_steps: int, full_steps: int, rolled_back: bool, skill: float) -> float:
     """``predicted_steps / (predicted_steps + full_steps + 1) * clamp(skill, 0, 1)``: the share of backward
     passes its cycle saved, discounted by bad predictions; a rolled-back phase or a NaN skill earns 0."""
-    if not _is_int(predicted_steps) or predicted_steps < 0:
-        raise ValueError(f"predicted_steps must be an int >= 0, got {predicted_steps!r}")
-    if not _is_int(full_steps) or full_steps < 0:
-        raise ValueError(f"full_steps must be an int >= 0, got {full_steps!r}")
+    check_int("predicted_steps", predicted_steps, 0)
+    check_int("full_steps", full_steps, 0)
     skill = float(skill)
     if rolled_back or predicted_steps == 0 or math.isnan(skill):
         return 0.0
@@ -63,17 +57,13 @@ class HorizonBandit:
         if not arms:
             raise ValueError("arms must contain at least one horizon, got an empty sequence")
         for arm in arms:
-            if not _is_int(arm) or arm < 1:
-                raise ValueError(f"arms must be ints >= 1, got {arm!r} in {arms!r}")
+            check_int("arms", arm, 1, bounds=f"integers >= 1 (not {arm!r} in {arms!r})")
         if len(set(arms)) != len(arms):
             raise ValueError(f"arms must be unique, got {arms!r}")
-        if not _is_int(seed) or not 0 <= seed < 2**63:
-            raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
-        exploration = float(exploration)
-        if not math.isfinite(exploration) or exploration < 0:
-            raise ValueError(f"exploration must be finite and >= 0, got {exploration!r}")
+        check_int("seed", seed, 0, 2**63 - 1)
+        check_float("exploration", exploration, 0.0, math.inf, high_open=True)
         self.arms: list[int] = sorted(arms)
-        self.exploration = exploration
+        self.exploration = float(exploration)
         self._pulls: dict[int, int] = {arm: 0 for arm in self.arms}
         self._reward_sums: dict[int, float] = {arm: 0.0 for arm in self.arms}
         self._generator = torch.Generator(device="cpu")
@@ -109,11 +99,9 @@ class HorizonBandit:
         """Record the reward of a finished phase played with horizon ``arm``."""
         if arm not in self._pulls:
             raise ValueError(f"arm must be one of {self.arms}, got {arm!r}")
-        reward = float(reward)
-        if not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
-            raise ValueError(f"reward must be finite and in [0, 1], got {reward!r}")
+        check_float("reward", reward, 0.0, 1.0)
         self._pulls[arm] += 1
-        self._reward_sums[arm] += reward
+        self._reward_sums[arm] += float(reward)
         logger.debug("horizon bandit: arm %d reward %.4f (pulls %d)", arm, reward, self._pulls[arm])
 
     def stats(self) -> dict[str, dict[str, float]]:

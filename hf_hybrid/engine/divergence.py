@@ -12,6 +12,7 @@ from typing import Any
 
 from .alarm import Alarm, DivergenceLevel, worst_level
 from .spike_detector import LEVEL_STEPS, SpikeDetector, Thresholds
+from .validation import check_float, check_int
 
 logger = logging.getLogger(__name__)
 
@@ -49,20 +50,13 @@ class DivergenceMonitor:
         min_history: int = 10,
         grad_spike_ratio: float = 10.0,
     ) -> None:
-        sigma = float(sigma)
-        if not math.isfinite(sigma) or sigma <= 0:
-            raise ValueError(f"sigma must be finite and > 0, got {sigma!r}")
-        if isinstance(history, bool) or not isinstance(history, int) or history < 2:
-            raise ValueError(f"history must be an int >= 2, got {history!r}")
-        if isinstance(min_history, bool) or not isinstance(min_history, int) or min_history < 1:
-            raise ValueError(f"min_history must be an int >= 1, got {min_history!r}")
-        grad_spike_ratio = float(grad_spike_ratio)
-        if not math.isfinite(grad_spike_ratio) or grad_spike_ratio <= 1.0:
-            raise ValueError(f"grad_spike_ratio must be finite and > 1, got {grad_spike_ratio!r}")
-        self.sigma = sigma
+        check_float("sigma", sigma, 0.0, math.inf, low_open=True, high_open=True)
+        check_int("history", history, 2)
+        check_int("min_history", min_history, 1)
+        check_float("grad_spike_ratio", grad_spike_ratio, 1.0, math.inf, low_open=True, high_open=True)
+        self.sigma, self.grad_spike_ratio = float(sigma), float(grad_spike_ratio)
         self.history = history
         self.min_history = min_history
-        self.grad_spike_ratio = grad_spike_ratio
         thresholds = Thresholds(
             history=history, min_history=min_history, rel_floor=REL_STD_FLOOR, abs_floor=ABS_STD_FLOOR
         )

@@ -295,8 +295,7 @@ class LossForecaster:
     def forecast(self, horizon: int) -> LossForecast:
         """Trusted: the GRU rolled out autoregressively, ``std`` from the summed variances. Else the best
         baseline held constant, ``std`` from its measured error growing like sqrt(k)."""
-        if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
-            raise ValueError(f"horizon must be an integer >= 1, got {horizon!r}")
+        check_int("horizon", horizon, 1)
         if self.levels.count == 0:
             raise RuntimeError("LossForecaster.forecast() needs at least one observed finite loss")
         last = self.levels.last_loss

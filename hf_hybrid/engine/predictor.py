@@ -16,6 +16,7 @@ import torch
 
 from .sample import CoordinateSample
 from .sharding import local
+from .validation import check_float
 
 Deltas = dict[str, torch.Tensor]
 
@@ -223,10 +224,8 @@ class EMAPredictor(DeltaPredictor):
 
     def __init__(self, beta: float = 0.9, decay: float = 0.9) -> None:
         super().__init__()
-        if not 0.0 <= beta < 1.0:
-            raise ValueError(f"`beta` must be in [0, 1), got {beta}")
-        if not 0.0 < decay <= 1.0:
-            raise ValueError(f"`decay` must be in (0, 1], got {decay}")
+        check_float("beta", beta, 0.0, 1.0, high_open=True)
+        check_float("decay", decay, 0.0, 1.0, low_open=True)
         self.beta = beta
         self.decay = decay
         self.ema: Deltas = {}

@@ -12,6 +12,8 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .validation import check_float, check_int
+
 
 @dataclass(frozen=True, slots=True)
 class Residual:
@@ -108,12 +110,9 @@ class Corrector:
     [0, max_scale]), damping an overshooting predictor, turning off a wrong-way one; a rollback halves it."""
 
     def __init__(self, rate: float = 0.2, max_scale: float = 1.0, window: int = 16) -> None:
-        if not 0.0 < rate <= 1.0:
-            raise ValueError(f"`rate` must be in (0, 1], got {rate}")
-        if max_scale <= 0:
-            raise ValueError(f"`max_scale` must be > 0, got {max_scale}")
-        if window < 1:
-            raise ValueError(f"`window` must be >= 1, got {window}")
+        check_float("rate", rate, 0.0, 1.0, low_open=True)
+        check_float("max_scale", max_scale, 0.0, math.inf, low_open=True, high_open=True)
+        check_int("window", window, 1)
         self.rate = rate
         self.max_scale = max_scale
         self.window = window
