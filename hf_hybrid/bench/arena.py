@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,22 +53,12 @@ def parse_methods(specs: Sequence[str]) -> tuple[list[Method], bool]:
     return methods, with_nulls
 
 
-def budgets_of(task: BenchTask, protocol: Protocol) -> Budgets:
-    return Budgets(
-        max_steps=task.max_steps,
-        cooldown=protocol.cooldown,
-        decay=protocol.decay,
-        warmup_steps=round(task.warmup_ratio * task.max_steps),
-    )
-
-
 @dataclass
 class InFlight:
     spec: RunSpec
     worker: str
     began: float
     rebuild: bool = False
-    attempts: int = 1
 
 
 @dataclass
@@ -123,7 +114,8 @@ class Arena:
         self.methods = list(methods)
         self.nulls = {m.spec: parse_method(m.null_spec()) for m in methods if with_nulls and m.null_spec()}
         self.parents = {null.spec: parent for parent, null in self.nulls.items()}
-        self.budgets = budgets_of(task, protocol)
+        warmup = round(task.warmup_ratio * task.max_steps)
+        self.budgets = Budgets(task.max_steps, protocol.cooldown, protocol.decay, warmup)
         self.executor = executor or InProcess(task)
         self.calibration: Calibration | None = None
         self.out = record.path.parent
@@ -181,8 +173,8 @@ class Arena:
                 self._clean_checkpoints(plan)
                 if self._reuse(plan) or self._doom(plan):
                     continue
-                progress.steps_planned = progress.steps_done + self._steps_left(plan)
-                self._submit(plan, flight, failures)
+                progress.steps_planned = progress.steps_done + sum(s.stop - s.start for s in plan.specs)
+                self._submit(plan, flight)
                 if not flight:
                     if plan.complete:
                         break
@@ -202,19 +194,16 @@ class Arena:
             self.methods,
             self.nulls,
             self.record.data.get("decisions", {}).get("base_learning_rate") or self.task.learning_rate,
-            self.task_schedule(),
+            {
+                "lr_scheduler_type": self.task.lr_scheduler_type,
+                "lr_scheduler_kwargs": {},
+                "warmup_steps": self.budgets.warmup_steps,
+            },
             self.out,
             eval_clusters=self.record.data.get("eval_clusters"),
             eval_weights=self.record.data.get("eval_example_tokens"),
             price_errors=(self.record.data.get("calibration") or {}).get("relative_errors"),
         )
-
-    def task_schedule(self) -> dict[str, Any]:
-        return {
-            "lr_scheduler_type": self.task.lr_scheduler_type,
-            "lr_scheduler_kwargs": {},
-            "warmup_steps": self.budgets.warmup_steps,
-        }
 
     def _plan(self) -> Plan:
         plan = self._planner().plan()
@@ -237,7 +226,7 @@ class Arena:
             self.record.add(self._failed_row(spec, why))
         return bool(plan.doomed)
 
-    def _submit(self, plan: Plan, flight: dict[str, InFlight], failures: dict[str, int]) -> None:
+    def _submit(self, plan: Plan, flight: dict[str, InFlight]) -> None:
         capacity = self.executor.workers - len(flight)
         rebuilding = {s.key for s in plan.rebuild}
         for spec in [*plan.rebuild, *plan.specs]:
@@ -285,29 +274,14 @@ class Arena:
         self.echo(progress.line(finished, row, flight, ready))
 
     def _row(self, spec: RunSpec, finished: Finished) -> RunRow:
-        measured = finished.measured
-        before = self._cost_before(spec)
-        units = self.calibration.cost(measured.step_counts)
-        if measured.eval_example_tokens and "eval_example_tokens" not in self.record.data:
-            self.record.data["eval_example_tokens"] = measured.eval_example_tokens
-        return RunRow(
-            **_identity(spec),
-            eval_loss=measured.eval_loss,
-            units=units,
-            seconds=before + measured.own_seconds,
-            own_seconds=measured.own_seconds,
-            wall_seconds=measured.wall_seconds,
-            clock=measured.clock,
-            step_counts=measured.step_counts,
-            losses=measured.losses,
-            details=measured.details,
-            note=measured.note,
-            trainable_bytes=measured.trainable_bytes,
-            engine_peak_bytes=measured.engine_peak_bytes,
-            device_peak_bytes=measured.device_peak_bytes,
-            eval_example_losses=measured.eval_example_losses,
-            attempts=1,
-        )
+        measured = finished.measured.to_dict()
+        del measured["stop"]  # the spec's
+        tokens = measured.pop("eval_example_tokens")
+        if tokens and "eval_example_tokens" not in self.record.data:
+            self.record.data["eval_example_tokens"] = tokens
+        seconds = self._cost_before(spec) + measured["own_seconds"]
+        units = self.calibration.cost(measured["step_counts"])
+        return RunRow(**_identity(spec), **measured, units=units, seconds=seconds, attempts=1)
 
     def _cost_before(self, spec: RunSpec) -> float:
         """The seconds the trunk spent up to `spec`'s start (the units travel in the step counts)."""
@@ -347,20 +321,15 @@ class Arena:
         if not root.is_dir():
             return
         wanted = {Path(s.checkpoint) for s in [*plan.rebuild, *plan.specs] if s.checkpoint}
-        starts: dict[tuple[str, int], int] = {}
-        for row in self.record.rows():
-            if row.spec.get("trunk_dir") and row.start > 0 and not row.failed and row.reused_from is None:
-                starts[(row.spec["trunk_dir"], row.start)] = (
-                    starts.get((row.spec["trunk_dir"], row.start), 0) + 1
-                )
+        starts = Counter(
+            (row.spec["trunk_dir"], row.start)
+            for row in self.record.rows()
+            if row.spec.get("trunk_dir") and row.start > 0 and not row.failed and row.reused_from is None
+        )
         for (trunk, step), count in starts.items():
             folder = Path(trunk) / f"checkpoint-{step}"
             if count >= 2 and folder not in wanted and folder.is_dir():
                 shutil.rmtree(folder, ignore_errors=True)
-
-    @staticmethod
-    def _steps_left(plan: Plan) -> int:
-        return sum(s.stop - s.start for s in plan.specs)
 
     # ---- calibration, verdicts -------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ inputs are decided so that workers are not left idle:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,13 +54,7 @@ class Decisions:
         return {float(b): why for b, why in self.plain.get("untuned", {}).items()}
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "base_learning_rate": self.base_learning_rate,
-            "mode": self.mode,
-            "plain": self.plain,
-            "schedule_check": self.schedule_check,
-            "methods": self.methods,
-        }
+        return asdict(self)
 
 
 @dataclass
@@ -106,8 +100,8 @@ class Planner(Chains):
             if plain.decided:
                 if self._schedule_check():
                     plain = self._plain_race()  # again, in separate runs of the task's own schedule
-                if plain.decided:
-                    self._other_seeds(plain.rate)
+                if plain.decided:  # the run-to-run noise, and the plain run each method's seed is paired with
+                    self._need([self.run_spec("plain", seed, plain.rate) for seed in self.protocol.seeds[1:]])
                     for method in self.methods:
                         self._method(method)
         complete = not self.waiting and not self.ready and not self.reuse and not self.doomed
@@ -156,9 +150,10 @@ class Planner(Chains):
             return False
         rate = self.decisions.best[READ_AT]
         trunk = self.point("plain", self.first, rate, READ_AT, "wsd")
-        own = self._row(self._separate_spec("plain", self.first, rate, READ_AT, own=True))
+        own_spec = self._separate_spec("plain", self.first, rate, READ_AT, own=True)
+        own = self._row(own_spec)
         if trunk is None or own is None:
-            self._need([self._separate_spec("plain", self.first, rate, READ_AT, own=True)])
+            self._need([own_spec])
             return False
         difference = trunk.loss - own.loss
         noise = self.paired_se(trunk, own)
@@ -175,11 +170,6 @@ class Planner(Chains):
             self.mode = self.decisions.mode = "separate"
             return True
         return False
-
-    def _other_seeds(self, rate: float) -> None:
-        """The other seeds' plain runs of the full budget at its rate: the run-to-run noise, and the plain
-        run each method's seed is paired with."""
-        self._need([self.run_spec("plain", seed, rate) for seed in self.protocol.seeds[1:]])
 
     def paired_se(self, a: RunRow, b: RunRow) -> float:
         """The eval-cluster standard error of two runs' eval-loss difference (same examples)."""
@@ -310,10 +300,9 @@ class Planner(Chains):
             return
         parents = [
             r
-            for r in self.rows
-            if r.method == method.spec and r.seed in seeds and r.lr_multiplier == rate and r.budget == budget
+            for r in self.rows.points(method.spec)
+            if r.seed in seeds and r.lr_multiplier == rate and r.budget == budget
         ]
-        parents = [r for r in parents if r.point]
         points = []
         for parent in sorted(parents, key=lambda r: (r.seed, r.kind)):
             self.used.add(parent.key)
@@ -342,7 +331,7 @@ class Planner(Chains):
     def plain_rate(self) -> float | None:
         return self.decisions.best.get(READ_AT)
 
-    def frontier(self, seed: int | None = None) -> list[RunRow] | None:
+    def frontier(self) -> list[RunRow] | None:
         """Plain's points on the first seed at each budget's rate, or None while one is missing."""
         best = self.decisions.best
         if any(b not in best for b in BUDGETS):

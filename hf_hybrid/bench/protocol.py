@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 # ---- the rules' constants ------------------------------------------------------------------------------
@@ -256,14 +256,7 @@ class Band:
         return math.exp(self.half_width(with_seeds=self.seed_se is not None))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "slope": self.slope,
-            "seed_se": self.seed_se,
-            "eval_se": self.eval_se,
-            "grid": self.grid,
-            "price": self.price,
-            "resolution": self.resolution,
-        }
+        return {**asdict(self), "resolution": self.resolution}
 
 
 def seed_se(variance: float | None, seeds: int) -> float | None:

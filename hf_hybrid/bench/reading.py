@@ -89,13 +89,14 @@ def plain_pair_se(evidence: Evidence) -> float:
     return statistics.median(values) if values else math.inf
 
 
-def task_band(evidence: Evidence, seeds: int, price: float = 0.0) -> Band:
-    """The band of two equally good methods read over `seeds` seeds: the task's resolution."""
+def task_band(evidence: Evidence, seeds: int, price: float = 0.0, eval_se: float | None = None) -> Band:
+    """The band of two equally good methods read over `seeds` seeds: the task's resolution (with a
+    method's own `eval_se`, the band its reading has)."""
     points = evidence.points()
     return Band(
         slope=rules.log_slope(points),
         seed_se=rules.seed_se(evidence.variance, seeds),
-        eval_se=plain_pair_se(evidence),
+        eval_se=plain_pair_se(evidence) if eval_se is None else eval_se,
         grid=rules.grid_error(points),
         price=price,
     )
@@ -127,13 +128,8 @@ def read(
     )
     by_units = speedup(evidence.points("units"), target, units)
     by_time = speedup(evidence.points("seconds"), target, seconds) if seconds > 0 else by_units
-    eval_se = mean_difference_se(pairs, evidence.clusters, evidence.weights)
-    band = Band(
-        slope=rules.log_slope(evidence.points()),
-        seed_se=rules.seed_se(evidence.variance, len(seeds)),
-        eval_se=plain_pair_se(evidence) if eval_se is None else eval_se,
-        grid=rules.grid_error(evidence.points()),
-        price=price,
+    band = task_band(
+        evidence, len(seeds), price, mean_difference_se(pairs, evidence.clusters, evidence.weights)
     )
     per_seed = [
         {

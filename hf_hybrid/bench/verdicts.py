@@ -93,9 +93,7 @@ def _verdict(
     if check is not None and check["matches"] and parent is None:
         return {**base, **_same_trajectory(check)}
     budget = chosen.get("stopped_at") or READ_AT
-    rows = {s: planner.point(method.spec, s, rate, budget) for s in planner.protocol.seeds}
-    if parent is not None:
-        rows = {s: planner.null_point(method, parent, s, rate, budget) for s in planner.protocol.seeds}
+    rows = {s: _point(planner, method, parent, s, rate, budget) for s in planner.protocol.seeds}
     rows = {s: r for s, r in rows.items() if r is not None}
     read = reading.read(evidence, rows, planner.price_error(method.spec), budget)
     if read is None:
@@ -165,10 +163,7 @@ def _curve(
     best = {float(b): r for b, r in chosen.get("race", {}).get("best", {}).items()}
     for budget in BUDGETS:
         rate = best.get(budget, chosen["lr_multiplier"])
-        if parent is None:
-            row = planner.point(method.spec, planner.first, rate, budget)
-        else:
-            row = planner.null_point(method, parent, planner.first, rate, budget)
+        row = _point(planner, method, parent, planner.first, rate, budget)
         if row is None or row.eval_loss is None:
             continue
         units = speedup(evidence.points("units"), row.loss, row.units) if row.units > 0 else None
@@ -183,6 +178,15 @@ def _curve(
             }
         )
     return out
+
+
+def _point(
+    planner: Planner, method: Any, parent: str | None, seed: int, rate: float, budget: float
+) -> RunRow | None:
+    """A method's point, or a null control's replay of its `parent`'s."""
+    if parent is None:
+        return planner.point(method.spec, seed, rate, budget)
+    return planner.null_point(method, parent, seed, rate, budget)
 
 
 def never_engaged(read: list[RunRow]) -> str | None:
@@ -216,13 +220,9 @@ def costs(planner: Planner) -> dict[str, Any]:
     full = planner.full_point("plain", planner.first, planner.plain_rate)
     unit = full.units if full is not None else math.nan
     parents = {null.spec: parent for parent, null in planner.nulls.items()}
-    plain = {
-        "race": 0.0,
-        "schedule_check": 0.0,
-        "same_trajectory_check": 0.0,
-        "other_seeds": 0.0,
-        "range_test": 0.0,
-    }
+    plain = dict.fromkeys(
+        ("race", "schedule_check", "same_trajectory_check", "other_seeds", "range_test"), 0.0
+    )
     methods: dict[str, float] = {}
     unused = 0.0
     for row in planner.rows:
