@@ -9,7 +9,7 @@ import dataclasses
 import functools
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ from .checkpoint import EngineCheckpoints, last_complete_checkpoint
 from .console import guard_line, install_console
 from .engine.config import EngineConfig
 from .engine.engine import HybridEngine, StepOutcome, StepPlan
+from .engine.guard_copies import NoCopy
 from .engine.optimizer import HybridOptimizer
 from .engine.predictor import DeltaPredictor
 from .engine.spike_guard import SpikeGuard
@@ -241,14 +242,7 @@ class HybridHFTrainer(_PredictedSteps):
         probe = _loss_probe(self) if self.hybrid_args.hybrid_probe_batches else None
         config = self.engine_config
         guard = self._build_spike_guard(params)
-        self.engine = HybridEngine(
-            params,
-            config,
-            optimizer=self.optimizer,
-            probe=probe,
-            predictor=self._predictor,
-            spike_guard=guard,
-        )
+        self.engine = HybridEngine(params, config, self.optimizer, probe, self._predictor, guard)
         self.hybrid_timeline = (
             []
             if checkpoint is None
@@ -500,28 +494,22 @@ def _loss_probe(trainer: HybridHFTrainer) -> Callable[[], float]:
     return probe
 
 
-class _CheckpointCopy:
+class _CheckpointCopy(NoCopy):
     """`hybrid_guard_storage=checkpoint`: the copy is the checkpoint the Trainer saved at its step, read
-    back on a restore (the scheduler keeps following the step count)."""
+    back on a restore (the scheduler keeps following the step count); nothing is held in memory. Not
+    periodic: taken only where the Trainer saves (the engine's save rebases the guard)."""
 
-    periodic = False  # taken only where the Trainer saves (the engine's save rebases the guard)
     persistent = True  # on disk: a resumed run finds the trusted checkpoint too
 
     def __init__(self, trainer: HybridHFTrainer) -> None:
+        super().__init__()
         self.trainer = trainer
-        self.step: int | None = None
 
     def folder(self) -> str:
         return os.path.join(self.trainer.args.output_dir, f"checkpoint-{self.step}")
 
     def take(self, step: int, params: list[torch.Tensor], optimizer: Any) -> None:
         self.step = step
-
-    def reserve(self, params: list[torch.Tensor], optimizer: Any) -> None:
-        """Nothing is held in memory."""
-
-    def clear(self) -> None:
-        self.step = None
 
     def available(self) -> str | None:
         if self.step is None:
@@ -534,20 +522,12 @@ class _CheckpointCopy:
         return None
 
     def restore(self, params: list[torch.Tensor], optimizer: Any) -> None:
+        """The weights are on disk: a spike is blamed without a second measurement (no `swap`)."""
         trainer = self.trainer
         schedule = trainer.lr_scheduler.state_dict()
         trainer._load_from_checkpoint(self.folder())
         trainer._load_optimizer_and_scheduler(self.folder())
         trainer.lr_scheduler.load_state_dict(schedule)
-
-    def swap(self, params: list[torch.Tensor]) -> bool:
-        return False  # the weights are on disk: blamed without a second measurement
-
-    def nbytes(self) -> int:
-        return 0
-
-    def tensors(self) -> Iterator[torch.Tensor]:
-        yield from ()
 
 
 def _probe_examples(dataset: Any, count: int, seed: int) -> Any:
