@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 import math
 import os
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .engine.engine import HybridEngine
+from .engine.engine import engine_stats
 from .engine.timing import PartTimer
 
 logger = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def disabled_stats(config: Any) -> dict[str, Any]:
     """`hybrid_stats()` of a run without the engine: the same keys, zeros (a reader never hits a KeyError)."""
     return {
         "enabled": False,
-        **HybridEngine.stats_without_engine(config),
+        **engine_stats(config),
         "timing": PartTimer().summary(),
         "no_predict_reason": "The hybrid engine did not run (hybrid_enabled=False, or a set-up it does not "
         "support, which the start of training warned about).",
@@ -141,12 +142,10 @@ def measured_step_seconds(timeline: Sequence[Mapping[str, Any]]) -> dict[str, fl
 def measured_time_saved_fraction(timeline: Sequence[Mapping[str, Any]]) -> float | None:
     """1 - (measured time of all steps) / (as many steps at the median real-step time); None untimed."""
     timed = [row for row in timeline if row.get("seconds") is not None and math.isfinite(row["seconds"])]
-    real = sorted(float(row["seconds"]) for row in timed if row["phase"] != "predict")
-    if not timed or not real:
+    real = [float(row["seconds"]) for row in timed if row["phase"] != "predict"]
+    if not real:
         return None
-    median = (
-        real[len(real) // 2] if len(real) % 2 else 0.5 * (real[len(real) // 2 - 1] + real[len(real) // 2])
-    )
+    median = statistics.median(real)
     if median <= 0:
         return None
     return 1.0 - sum(float(row["seconds"]) for row in timed) / (len(timed) * median)

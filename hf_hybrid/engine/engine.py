@@ -265,11 +265,6 @@ class HybridEngine:
             confidence = min(confidence, self.store.loss_calibration(tolerance))
         return confidence
 
-    @property
-    def seconds(self) -> float:
-        """Time charged to the hybrid machinery so far (all parts; see `timing`)."""
-        return self.timer.total
-
     def timing(self) -> dict[str, Any]:
         """The hybrid machinery's time against the step time, in all and by part (varies run to run)."""
         return self.timer.summary()
@@ -289,13 +284,6 @@ class HybridEngine:
             warmup_steps_left=self.controller.warmup_steps_left(),
         )
 
-    @staticmethod
-    def stats_without_engine(config: EngineConfig) -> dict[str, Any]:
-        """`stats()` of a run no engine drove (the plain Trainer's): the same keys, nothing counted."""
-        return engine_stats(
-            config, StepCounters(), MemoryMeter(tuple), SpikeGuard.off(), predictor=config.predictor
-        )
-
     def metrics(self) -> dict[str, float]:
         """Scalars for the training log (keys without the `hybrid/` prefix)."""
         stats = self.stats()
@@ -311,10 +299,6 @@ class HybridEngine:
             **self.losses.metrics(),
         }
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
-
-    def nbytes(self) -> int:
-        """Bytes of the engine's tensors now (counted; `stats()` has them by device, as last counted)."""
-        return sum(self.meter.measure().values())
 
     # ---- checkpointing ---------------------------------------------------------------------------
 
@@ -409,27 +393,28 @@ class StepRecovery:
 
 def engine_stats(
     config: EngineConfig,
-    counters: StepCounters,
-    meter: MemoryMeter,
-    spike_guard: SpikeGuard,
+    counters: StepCounters | None = None,
+    meter: MemoryMeter | None = None,
+    spike_guard: SpikeGuard | None = None,
     *,
-    predictor: str,
+    predictor: str | None = None,
     predictor_bytes: int = 0,
     max_confidence: float = 0.0,
     phase: Phase | None = None,
     warmup_steps_left: int | None = None,
 ) -> dict[str, Any]:
-    """The keys of `HybridEngine.stats()`, in one place (a run without an engine reports them too)."""
+    """The keys of `HybridEngine.stats()`, in one place; given the configuration alone, those of a run no
+    engine drove (the plain Trainer's): the same keys, nothing counted."""
     return {
-        **counters.summary(config.probe_cost),
-        "predictor": predictor,
+        **(counters or StepCounters()).summary(config.probe_cost),
+        "predictor": predictor or config.predictor,
         "predictor_bytes": predictor_bytes,
-        **meter.stats(),
+        **(meter or MemoryMeter(tuple)).stats(),
         "max_confidence": max_confidence,
         "confidence_threshold": config.schedule.confidence_threshold,
         "phase": None if phase is None else phase.value,
         "warmup_steps_left": warmup_steps_left,
-        **spike_guard.stats(),
+        **(spike_guard or SpikeGuard.off()).stats(),
     }
 
 
