@@ -58,7 +58,7 @@ def run_spec(task: BenchTask, spec: RunSpec, method: Method | None = None) -> Me
     if spec.saves:
         callbacks.append(StopAt(spec.stop, save=True))
     if spec.kind == RANGE_TEST:
-        callbacks.append(RangeRamp(spec.steps).callback())
+        callbacks.append(RangeRamp(spec.steps))
     with tempfile.TemporaryDirectory() as tmp:
         ctx = TrialContext(
             task=task,

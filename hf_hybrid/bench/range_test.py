@@ -65,19 +65,12 @@ def suggested_rate(row: RunRow) -> float:
     return float(f"{rate:.2g}")
 
 
-class RangeRamp:
-    """A callback (made by `callback()`) that sets every parameter group's rate before each step."""
+class RangeRamp(TrainerCallback):
+    """Sets every parameter group's rate before each step."""
 
     def __init__(self, steps: int) -> None:
         self.steps = steps
 
-    def callback(self) -> Any:
-
-        steps = self.steps
-
-        class _Ramp(TrainerCallback):
-            def on_step_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kw: Any):
-                for group in optimizer.param_groups:
-                    group["lr"] = ramp(state.global_step, steps)
-
-        return _Ramp()
+    def on_step_begin(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kw: Any) -> None:
+        for group in optimizer.param_groups:
+            group["lr"] = ramp(state.global_step, self.steps)

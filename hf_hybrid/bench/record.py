@@ -109,20 +109,13 @@ class Record:
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.data, indent=1, default=_json_default) + "\n")
+        tmp.write_text(json.dumps(self.data, indent=1, default=str) + "\n")
         os.replace(tmp, self.path)
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, float):
-        return value
-    return str(value)
 
 
 def machine() -> str:
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
     cpu = platform.processor() or platform.machine()
-
     return (
         f"{cpu} ({os.cpu_count()} cores), {device}, torch {torch.__version__}, transformers "
         f"{transformers.__version__}, {torch.get_num_threads()} torch thread(s)"

@@ -354,7 +354,11 @@ def plot(data: Mapping[str, Any], path: Path) -> Path:
     _forest(figure.add_subplot(grid[:, :2]), rows)
     for index, row in enumerate(rows):
         _method_panel(figure.add_subplot(grid[index // 3, 2 + index % 3]), row, frontier)
-    figure.suptitle(f"{data['task'].get('name')}: speed-up at equal eval loss against plain")
+    return _save(figure, f"{data['task'].get('name')}: speed-up at equal eval loss against plain", path)
+
+
+def _save(figure: Figure, title: str, path: Path) -> Path:
+    figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path, format="png")
     return path
@@ -383,12 +387,8 @@ def _plot_so_far(data: Mapping[str, Any], path: Path) -> Path:
     axis.set_ylabel("eval loss")
     if lines:
         axis.legend(fontsize=7)
-    figure.suptitle(
-        f"{data['task'].get('name')}: no verdict yet, the points so far (the same command resumes it)"
-    )
-    figure.tight_layout()
-    figure.savefig(path, format="png")
-    return path
+    title = f"{data['task'].get('name')}: no verdict yet, the points so far (the same command resumes it)"
+    return _save(figure, title, path)
 
 
 def _forest(axis: Any, rows: Sequence[Mapping[str, Any]]) -> None:

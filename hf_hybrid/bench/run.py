@@ -15,28 +15,13 @@ from .record import Record
 from .report import verdict_table, write_report
 from .task import BenchTask
 
+_PRESETS = ("clm_stdlib", "minilm_cls", "minilm_lora")
 SUITES: dict[str, dict] = {
-    "tiny": {
-        "size": "tiny",
-        "tasks": ("clm_stdlib",),
-        "seeds": (0,),
-        "lr_multipliers": (1.0, 2.0),
-        "widen": 1,
-    },
-    "quick": {
-        "size": "quick",
-        "tasks": ("clm_stdlib", "minilm_cls", "minilm_lora"),
-        "seeds": (0,),
-        "lr_multipliers": FIRST_RATES,
-        "widen": MAX_WIDENINGS,
-    },
-    "full": {
-        "size": "full",
-        "tasks": ("clm_stdlib", "minilm_cls", "minilm_lora"),
-        "seeds": (0, 1, 2),
-        "lr_multipliers": FIRST_RATES,
-        "widen": MAX_WIDENINGS,
-    },
+    "tiny": dict(size="tiny", tasks=("clm_stdlib",), seeds=(0,), lr_multipliers=(1.0, 2.0), widen=1),
+    "quick": dict(size="quick", tasks=_PRESETS, seeds=(0,), lr_multipliers=FIRST_RATES, widen=MAX_WIDENINGS),
+    "full": dict(
+        size="full", tasks=_PRESETS, seeds=(0, 1, 2), lr_multipliers=FIRST_RATES, widen=MAX_WIDENINGS
+    ),
 }
 DEFAULT_METHODS = ("plain", "hybrid", "null")
 
@@ -80,7 +65,6 @@ def run_arena(
 
 def _write_labels(task: BenchTask, out: str | os.PathLike) -> None:
     """A classification task's label names, beside the record (once every input has been accepted)."""
-
     names = task.info.get("labels")
     if names:
         path = Path(out)
@@ -89,5 +73,4 @@ def _write_labels(task: BenchTask, out: str | os.PathLike) -> None:
 
 
 def _summary_lines(data: dict) -> list[str]:
-
     return ["", f"{data['task'].get('name')}:", *verdict_table(data)]

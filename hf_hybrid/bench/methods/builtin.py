@@ -30,6 +30,7 @@ SAME_TRAJECTORY_FIELDS = frozenset(
     }
 )
 SAME_TRAJECTORY_OPTIMIZERS = frozenset({"adamw_torch", "adamw_torch_fused"})
+RUN_STATS = ("steps_per_phase", "backward_skipped_fraction", "rollbacks", "predict_phases", "max_confidence")
 
 
 class Plain(Method):
@@ -147,15 +148,8 @@ class Hybrid(Method):
         if getattr(trainer, "engine", None) is None:
             return {}
         stats = trainer.hybrid_stats()
-        keep = (
-            "steps_per_phase",
-            "backward_skipped_fraction",
-            "rollbacks",
-            "predict_phases",
-            "max_confidence",
-        )
         return {
-            **{key: stats[key] for key in keep},
+            **{key: stats[key] for key in RUN_STATS},
             "engine_time_share": stats["timing"]["engine_time_share"],
             "phases": [row["phase"] for row in trainer.hybrid_timeline],
         }
