@@ -152,7 +152,11 @@ def _verified_file(
 
 def read_engine_tree(entry: dict[str, Any], folder: str | os.PathLike) -> dict[str, Any]:
     """The readable engine state (tensors still as references), checked against the entry's checksum."""
-    _check_version(entry, folder)
+    if entry.get("format_version") != FORMAT_VERSION:
+        raise HybridCheckpointError(
+            f"{folder}: hybrid state format {entry.get('format_version')!r} is not supported (this hf_hybrid "
+            f"reads {FORMAT_VERSION}); upgrade hf_hybrid or {_HINT}"
+        )
     path = _verified_file(entry, folder, "state_file", HYBRID_STATE_JSON, "state")
     try:
         tree = json.loads(path.read_text())
@@ -177,15 +181,6 @@ def load_engine_state(entry: dict[str, Any], folder: str | os.PathLike) -> dict[
         raise HybridCheckpointError(f"{folder}: the hybrid state is damaged ({exc}); {_HINT}") from exc
 
 
-def _check_version(entry: dict[str, Any], folder: str | os.PathLike) -> None:
-    version = entry.get("format_version")
-    if version != FORMAT_VERSION:
-        raise HybridCheckpointError(
-            f"{folder}: hybrid state format {version!r} is not supported (this hf_hybrid reads "
-            f"{FORMAT_VERSION}); upgrade hf_hybrid or {_HINT}"
-        )
-
-
 def _write_text(path: Path, text: str) -> str:
     return _write_atomically(path, lambda tmp: tmp.write_text(text))
 
@@ -197,10 +192,6 @@ def _write_atomically(path: Path, write: Callable[[Path], Any]) -> str:
     digest = file_sha256(tmp)
     os.replace(tmp, path)
     return digest
-
-
-def save_timeline(timeline: list[dict[str, Any]], folder: str | os.PathLike) -> None:
-    _write_text(Path(folder) / HYBRID_TIMELINE_FILE, json.dumps(timeline))
 
 
 def load_timeline(folder: str | os.PathLike) -> list[dict[str, Any]]:
@@ -229,7 +220,14 @@ def last_complete_checkpoint(output_dir: str | os.PathLike, need_hybrid_state: b
         missing = _missing_files(folder, need_hybrid_state)
         if not missing:
             if skipped:
-                _warn_skipped(skipped, f"resuming from {folder.name}", _checkpoint_step(folder))
+                logger.warning(
+                    "hf_hybrid: skipping checkpoints whose save did not finish (%s); resuming from %s, so "
+                    "steps %d-%d will be trained again",
+                    "; ".join(f"{earlier} lacks {files}" for earlier, files in skipped),
+                    folder.name,
+                    _checkpoint_step(folder) + 1,
+                    _checkpoint_step(skipped[0][0]),
+                )
             return str(folder)
         skipped.append((folder, missing))
     if not skipped:
@@ -247,19 +245,6 @@ def last_complete_checkpoint(output_dir: str | os.PathLike, need_hybrid_state: b
 
 def _checkpoint_step(folder: Path) -> int:
     return int(_CHECKPOINT_DIR.match(folder.name).group(1))
-
-
-def _warn_skipped(skipped: list[tuple[Path, str]], then: str, resume_step: int) -> None:
-    newest = _checkpoint_step(skipped[0][0])
-    details = "; ".join(f"{folder} lacks {missing}" for folder, missing in skipped)
-    logger.warning(
-        "hf_hybrid: skipping checkpoints whose save did not finish (%s); %s, so steps %d-%d will be "
-        "trained again",
-        details,
-        then,
-        resume_step + 1,
-        newest,
-    )
 
 
 def _missing_files(folder: Path, need_hybrid_state: bool = True) -> str:
@@ -332,7 +317,7 @@ class EngineCheckpoints:
             )
         self.callback.engine_state = entry
         if should_save:
-            save_timeline(timeline, output_dir)
+            _write_text(Path(output_dir) / HYBRID_TIMELINE_FILE, json.dumps(timeline))
 
     def restore(self, engine: Any, checkpoint: str, warmup_steps: int) -> list[dict[str, Any]]:
         """Load the saved engine into `engine` (or restart it); return the run's timeline so far."""

@@ -265,6 +265,11 @@ class HybridEngine:
             confidence = min(confidence, self.store.loss_calibration(tolerance))
         return confidence
 
+    @property
+    def seconds(self) -> float:
+        """Time charged to the hybrid machinery so far (all parts; see `timing`)."""
+        return self.timer.total
+
     def timing(self) -> dict[str, Any]:
         """The hybrid machinery's time against the step time, in all and by part (varies run to run)."""
         return self.timer.summary()
@@ -299,6 +304,10 @@ class HybridEngine:
             **self.losses.metrics(),
         }
         return {k: float(v) for k, v in out.items() if v is not None and math.isfinite(float(v))}
+
+    def nbytes(self) -> int:
+        """Bytes of the engine's tensors now (counted; `stats()` has them by device, as last counted)."""
+        return sum(self.meter.measure().values())
 
     # ---- checkpointing ---------------------------------------------------------------------------
 
