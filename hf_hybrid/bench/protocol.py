@@ -27,7 +27,8 @@ The rules, in the order a task meets them:
   is that band for two equally good methods: the smallest speed-up its judge can tell from 1.0x.
 - **Verdicts**: wins above the band, loses below it, ties inside; unresolved when the band misses its
   seed part (one plain seed) and the reading lies outside the rest; untuned when either side's rate sits
-  at an edge. A method below the band's square at `EARLY_STOP_AT` stops there and loses.
+  at an edge. A method below the band's square at `EARLY_STOP_AT` stops there and loses (untuned if its
+  race ended at an edge).
 - **Other seeds** of a method run only where they can change its verdict.
 - **Same-trajectory methods** (compilers, fused kernels) run `SAME_TRAJECTORY_BUDGET` of the budget at
   plain's rate: if their eval loss there is plain's within the resolution they are judged in time against
@@ -302,13 +303,23 @@ def price_error(errors: Mapping[str, float], kinds: Sequence[str], plain_kinds: 
 # ---- verdicts ------------------------------------------------------------------------------------------
 
 
-def verdict(speedup: float, band: Band, untuned: str | None = None) -> tuple[str, str]:
-    """(word, reason) for a speed-up read at the full budget, against its band."""
+def verdict(
+    speedup: float, band: Band, untuned: str | None = None, stopped_at: float | None = None
+) -> tuple[str, str]:
+    """(word, reason) for a speed-up read at the full budget (or at `stopped_at`, where a method stopped
+    early), against its band. An untuned race is never a win or a loss, even stopped early."""
     if not speedup > 0:
         return LOSES, "diverged"
+    stop = f"stopped at {stopped_at:g}: below twice the band; " if stopped_at is not None else ""
     if untuned:
-        return UNTUNED, f"{untuned}: a win or a loss would say as much about the tuning"
-    log = math.log(speedup)
+        return UNTUNED, f"{stop}{untuned}: a win or a loss would say as much about the tuning"
+    word, reason = _against_band(math.log(speedup), band)
+    if stopped_at is not None:
+        return LOSES, f"stopped at {stopped_at:g}: below twice the band ({reason})"
+    return word, reason
+
+
+def _against_band(log: float, band: Band) -> tuple[str, str]:
     if band.slope <= 0:
         return UNRESOLVED, "plain's eval loss no longer falls at the full budget: no speed-up can be read"
     if not band.known:

@@ -98,9 +98,7 @@ def _verdict(
     read = reading.read(evidence, rows, planner.price_error(method.spec), budget)
     if read is None:
         return None
-    word, reason = rules.verdict(read.speedup, read.band, _untuned(planner, chosen))
-    if chosen.get("stopped_at") is not None:
-        word, reason = rules.LOSES, f"stopped at {budget:g}: below twice the band ({reason})"
+    word, reason = rules.verdict(read.speedup, read.band, _untuned(planner, chosen), chosen.get("stopped_at"))
     if chosen.get("provably_plain"):
         word, reason = rules.TIES, f"the plain runs, reused: {chosen['provably_plain']}"
     idle = never_engaged(list(rows.values()))

@@ -212,6 +212,13 @@ def test_one_seed_outside_the_known_part_of_the_band_is_unresolved_not_a_tie():
 def test_an_untuned_race_is_never_a_win_or_a_loss():
     assert rules.verdict(3.0, BAND, untuned="its race is untuned")[0] == rules.UNTUNED
     assert rules.verdict(0.2, BAND, untuned="plain is untuned")[0] == rules.UNTUNED
+    stopped = rules.verdict(0.2, BAND, untuned="its race is untuned", stopped_at=0.5)
+    assert stopped[0] == rules.UNTUNED and stopped[1].startswith("stopped at 0.5")
+
+
+def test_a_tuned_method_stopped_early_loses():
+    word, reason = rules.verdict(0.2, BAND, stopped_at=0.5)
+    assert word == rules.LOSES and reason.startswith("stopped at 0.5: below twice the band (below the band")
 
 
 def test_the_early_stop_needs_twice_the_band_not_one():
