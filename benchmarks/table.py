@@ -5,10 +5,11 @@
 
 Reads the current judge's records (schema 3), `benchmarks/results/arena/<task>/results.json` (or
 `<task>/<task>/results.json`, where `--tasks` put it), one `hf-hybrid bench` invocation per task, the
-command in each record. Until one of them holds verdicts, the README keeps the previous judge's table,
-generated from its records (schema 2, `benchmarks/results/arena_v2/`). One row per method family; a family
-with several members listed (`freeze:k`, `dropbp:p`) shows the member with the best speed-up. A method
-*wins everywhere* when it wins on every task with each speed-up >= 1.0x and a median >= 1.2x.
+command in each record. Each verdict that differs from the previous judge's (schema 2, read at each
+method's best budget: `benchmarks/results/arena_v2/<task>/report.md`) is named. One row per method
+family; a family with several members listed (`freeze:k`, `dropbp:p`) shows the member with the best
+speed-up. A method *wins everywhere* when it wins on every task with each speed-up >= 1.0x and a
+median >= 1.2x.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ PREVIOUS = ROOT / "benchmarks" / "results" / "arena_v2"  # the previous judge's 
 README = ROOT / "README.md"
 START, END = "<!-- arena-table:start -->", "<!-- arena-table:end -->"
 TASK_ORDER = ("clm_stdlib", "minilm_cls", "minilm_lora", "decoder_ft", "decoder_lora", "instruct_docstrings")
-PREVIOUS_TASKS = TASK_ORDER[:5]
 SCHEMA = 3
 MARKS = {"lower_bound": ">", "upper_bound": "<"}
 FAMILIES = (
@@ -49,19 +49,6 @@ FAMILIES = (
     ("args:optim=adamw_torch_fused", "fused AdamW (same trajectory: judged in time)"),
 )
 UNNAMED = ("hybrid", "hybrid-predict", "null-hybrid", "peft", "args:optim=schedule_free_adamw")
-PREVIOUS_FAMILIES = (
-    ("plain", "plain `Trainer`, lr tuned (the judge)"),
-    ("hybrid", "`hybrid` (library defaults)"),
-    ("hybrid-predict", "`hybrid-predict` (forced to predict)"),
-    ("null-hybrid", "its null control (same phases, nothing applied)"),
-    ("freeze", "`freeze:k` (k swept on seed 0)"),
-    ("selective-backprop", "`selective-backprop`"),
-    ("selective-backprop:rule=uniform", "its null control (uniform draw)"),
-    ("dropbp", "`dropbp:p` (p swept on seed 0)"),
-    ("args:optim=schedule_free_adamw", "schedule-free AdamW (no decay: each budget its trunk's point)"),
-    ("peft", "LoRA instead of the full fine-tune (`peft:lora`)"),
-    ("args:torch_compile=true", "`torch.compile` (same trajectory: judged in time)"),
-)
 
 
 def family(method: str) -> str:
@@ -86,20 +73,8 @@ def load(results: Path = RESULTS) -> dict[str, dict]:
     )
 
 
-def readme_records(results: Path = RESULTS, previous: Path = PREVIOUS) -> dict[str, dict]:
-    """What the README's table reports: the current judge's records once one of them holds verdicts,
-    the previous judge's until then."""
-    records = load(results)
-    if any(r.get("schema_version") == SCHEMA and r.get("verdicts") for r in records.values()):
-        return records
-    return load(previous)
-
-
 def table(records: dict[str, dict], previous: dict[str, dict] | None = None) -> str:
-    """The table of `records`: the current judge's (with what changed from `previous`, the previous
-    judge's records), or the previous judge's table of its own records."""
-    if records and all(r.get("schema_version", SCHEMA) < SCHEMA for r in records.values()):
-        return previous_table(records)
+    """The table of `records`, naming what changed from `previous` (the previous judge's records)."""
     return current_table(records, previous or {})
 
 
@@ -168,6 +143,11 @@ def cell(row: dict | None) -> str:
         f"{name}{units_text(row)} / {row['speedup_time']:.2f}x ({row['loss_delta']:+.3f}; {band_text(row)}), "
         f"{word}{seeds}"
     )
+
+
+def _name(row: dict) -> str:
+    parent = row.get("null_control_of")
+    return f"the null control of `{parent}`" if parent else f"`{row['method']}`"
 
 
 def wins_everywhere(records: dict[str, dict]) -> list[str]:
@@ -317,184 +297,15 @@ def current_table(records: dict[str, dict], previous: dict[str, dict]) -> str:
             *changed,
         ]
     if previous:
-        lines += ["", "The previous judge's table: `python benchmarks/table.py --previous`."]
-    return "\n".join(lines)
-
-
-# ---- the previous judge (schema 2): each method read at its best budget ----------------------------------
-
-
-def previous_pick(record: dict, name: str) -> dict | None:
-    """The family's verdict row: for a null control, the one of `hybrid-predict` when there are two."""
-    rows = [v for v in record["verdicts"] if family(v["method"]) == name]
-    if name == "null-hybrid":
-        preferred = [v for v in rows if (v.get("null_control_of") or "").startswith("hybrid-predict")]
-        rows = preferred or rows
-    if not rows:
-        return None
-    return max(rows, key=lambda v: v["per_seed"][0]["speedup_units"] if v.get("per_seed") else 1.0)
-
-
-def previous_ratio(row: dict, key: str) -> str:
-    """`>` when every seed ended below the whole plain frontier (a lower bound), `<` above it."""
-    kinds = {seed[f"{key}_kind"] for seed in row.get("per_seed") or []}
-    mark = {frozenset({"lower_bound"}): ">", frozenset({"upper_bound"}): "<"}.get(frozenset(kinds), "")
-    return f"{mark}{row[key]:.2f}x"
-
-
-def previous_cell(row: dict | None) -> str:
-    if row is None:
-        return "–"
-    if row["verdict"] == "baseline":
-        return "1.00x"
-    name = (
-        "" if family(row["method"]) in ("hybrid", "hybrid-predict", "null-hybrid") else f"`{row['method']}`: "
-    )
-    seeds = len(row["seeds"])
-    if family(row["method"]) in ("peft", "args:optim=schedule_free_adamw", "args:torch_compile=true"):
-        name = ""
-    if row.get("stopped_at"):
-        return (
-            f"{name}{previous_ratio(row, 'speedup_units')} at {row['stopped_at']:g} of the budget "
-            f"({row['final_loss_delta']:+.3f}), **{row['verdict']}** (stopped there)"
-        )
-    units = (
-        "same trajectory"
-        if row.get("same_trajectory")
-        else previous_ratio(row, "speedup_units") + _previous_range(row)
-    )
-    budget = row.get("budget", 1.0)
-    at = f" at {budget:g}" if budget < 1.0 else ""
-    return (
-        f"{name}{units} / {_previous_time(row)}{at} ({row['final_loss_delta']:+.3f}), "
-        f"**{row['verdict']}**{'' if seeds > 1 else ' (1 seed)'}"
-    )
-
-
-def _previous_range(row: dict) -> str:
-    """The seeds' spread of the unit speed-up, where more than one seed ran."""
-    values = [seed["speedup_units"] for seed in row.get("per_seed") or []]
-    return f" ({min(values):.2f}–{max(values):.2f})" if len(values) > 1 else ""
-
-
-def previous_wins_everywhere(records: dict[str, dict]) -> list[str]:
-    """Families whose member wins on every task, each speed-up >= 1.0x, median >= 1.2x (units)."""
-    out = []
-    for name, _ in PREVIOUS_FAMILIES[1:]:
-        rows = [previous_pick(record, name) for record in records.values()]
-        if rows and all(r is not None and r["verdict"] == "wins" for r in rows):
-            values = [r["speedup_units"] for r in rows]
-            if min(values) >= 1.0 and statistics.median(values) >= 1.2:
-                out.append(name)
-    return out
-
-
-def _name(row: dict) -> str:
-    parent = row.get("null_control_of")
-    return f"the null control of `{parent}`" if parent else f"`{row['method']}`"
-
-
-def _previous_time(row: dict) -> str:
-    return previous_ratio(row, "speedup_time") + ("~" if row.get("speedup_time_within_clock_noise") else "")
-
-
-def previous_wins_somewhere(records: dict[str, dict]) -> str:
-    """Every method that wins on a task, per task: what a user of that kind of fine-tune can take."""
-    parts = []
-    for task, record in records.items():
-        rows = [v for v in record["verdicts"] if v["verdict"] == "wins"]
-        if rows:
-            named = ", ".join(
-                f"{_name(v)} {previous_ratio(v, 'speedup_units')} / {_previous_time(v)} "
-                f"(eval loss {v['final_loss_delta']:+.3f} vs plain, {len(v['seeds'])} seeds)"
-                for v in sorted(rows, key=lambda v: -v["speedup_units"])
-            )
-            parts.append(f"on `{task}` {named}")
-    if not parts:
-        return "No method wins on any single task either."
-    nulls = any(
-        v["verdict"] == "wins" and v.get("null_control_of") for r in records.values() for v in r["verdicts"]
-    )
-    return (
-        "Where a method does win (every seed above 1 + the plain runs' seed band in compute units; units / "
-        "time): "
-        + "; ".join(parts)
-        + "."
-        + (
-            " A null control that wins says the skipped steps pay by themselves: the predictor's own share "
-            "is the difference between the two."
-            if nulls
-            else ""
-        )
-        + " None wins on every task, so none is made the default."
-    )
-
-
-def previous_table(records: dict[str, dict]) -> str:
-    """The table of the judged records; a record still without verdicts (its first command has not
-    finished) is listed under it with its command and how many runs it holds."""
-    running = {t: r for t, r in records.items() if not r["verdicts"]}
-    records = {t: r for t, r in records.items() if r["verdicts"]}
-    tasks = list(records)
-    winners = previous_wins_everywhere(records)
-    missing = [t for t in PREVIOUS_TASKS if t not in records and t not in running]
-    headline = (
-        f"**Yes, on every task measured**: {', '.join(f'`{w}`' for w in winners)}."
-        if winners
-        else "**Not so far.** No method wins against the lr-tuned plain `Trainer` on every task measured, "
-        "the hybrid trainer included, so nothing is made the default: the library's default trains exactly "
-        "like the plain `Trainer` unless its measured confidence clears a high bar. Earlier measurements "
-        "(nowcasting, adaptive freezing, one-step prediction): [docs/history.md](docs/history.md)."
-    )
-    lines = [
-        headline,
-        "",
-        previous_wins_somewhere(records),
-        "",
-        "Speed-up at equal eval loss against the plain `Trainer` tuned at every budget (one "
-        "warmup-stable-decay trunk per rate, a cooldown branch at each smaller budget, the rates raced by "
-        "successive halving, the frontier read at its best point so far): compute units / CPU time (eval "
-        "loss − plain's at that budget), verdict, each method read at its own best budget (its lowest eval "
-        "loss: `at 0.75` where that is not the full budget, on a task that overfits); `~` = within the "
-        "clock noise; `>` = a lower bound (the run ended below every plain point's eval loss), `<` an "
-        "upper bound. Median over the seeds run, with their range: 3 where more seeds could change the "
-        "verdict (the first above 1 + the plain seed band, or between 1 − 2 bands and 1 − band), else 1. A "
-        "method below 1 − 2 bands at half the budget stops there.",
-        "",
-        "| method | " + " | ".join(f"`{t}`" for t in tasks) + " |",
-        "|---|" + "---|" * len(tasks),
-    ]
-    for name, label in PREVIOUS_FAMILIES:
-        lines.append(
-            f"| {label} | " + " | ".join(previous_cell(previous_pick(records[t], name)) for t in tasks) + " |"
-        )
-    lines += [
-        "",
-        f"**Wins on every task**: {', '.join(f'`{w}`' for w in winners)}."
-        if winners
-        else "**No method wins on every task**: nothing here is made the default.",
-        "",
-        "Commands (one per task; each reruns and resumes from its record):",
-        "",
-    ]
-    lines += [f"- `{t}`: `{records[t]['command']}`" for t in tasks]
-    if running:
-        lines += ["", "Being run (not judged yet; the same command resumes from the record):", ""]
-        lines += [f"- `{t}`: `{r['command']}` ({len(r['runs'])} runs so far)" for t, r in running.items()]
-    if missing:
-        lines += ["", f"Still being run: {', '.join(f'`{t}`' for t in missing)} (same protocol)."]
+        lines += ["", "The previous judge's reports: `benchmarks/results/arena_v2/<task>/report.md`."]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if README.md's table is stale")
-    parser.add_argument("--previous", action="store_true", help="print the previous judge's table only")
     opts = parser.parse_args(argv)
-    if opts.previous:
-        print(previous_table(load(PREVIOUS)))
-        return 0
-    generated = table(readme_records(), load(PREVIOUS))
+    generated = table(load(), load(PREVIOUS))
     readme = README.read_text()
     head, _, rest = readme.partition(START)
     _, _, tail = rest.partition(END)

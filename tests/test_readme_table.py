@@ -1,10 +1,9 @@
 """The README's verdict table is what the arena's records say (benchmarks/table.py wrote it): the current
-judge's records (schema 3) once one holds verdicts, the previous judge's (schema 2) until then."""
+judge's records (schema 3), naming each verdict that changed from the previous judge's (schema 2)."""
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 from pathlib import Path
 
@@ -38,8 +37,8 @@ def judged(tmp_path_factory):
 
 def test_the_readme_table_is_generated_from_the_records():
     table = _table_module()
-    records = table.readme_records()
-    assert records, "no arena record under benchmarks/results/arena or arena_v2"
+    records = table.load()
+    assert records, "no arena record under benchmarks/results/arena"
     generated = table.table(records, table.load(table.PREVIOUS))
     readme = (ROOT / "README.md").read_text()
     block = readme.partition(table.START)[2].partition(table.END)[0].strip("\n")
@@ -47,25 +46,6 @@ def test_the_readme_table_is_generated_from_the_records():
     for task, record in records.items():
         if record["verdicts"]:
             assert f"`{task}`: `{record['command']}`" in block  # every claim names its command
-
-
-def test_the_readme_keeps_the_previous_judge_s_table_until_a_current_record_holds_verdicts(tmp_path, judged):
-    table = _table_module()
-    current, previous = tmp_path / "arena", tmp_path / "arena_v2"
-    (previous / "clm_stdlib").mkdir(parents=True)
-    (previous / "clm_stdlib" / "results.json").write_text(
-        json.dumps({**judged, "schema_version": 2, "task": {"name": "clm_stdlib"}})
-    )
-    running = {**judged, "task": {"name": "minilm_cls"}, "verdicts": []}
-    (current / "minilm_cls" / "minilm_cls").mkdir(parents=True)  # where `--tasks minilm_cls` writes it
-    (current / "minilm_cls" / "minilm_cls" / "results.json").write_text(json.dumps(running))
-    assert list(table.readme_records(current, previous)) == ["clm_stdlib"]
-    (current / "clm_stdlib").mkdir()
-    (current / "clm_stdlib" / "results.json").write_text(
-        json.dumps({**judged, "task": {"name": "clm_stdlib"}})
-    )
-    records = table.readme_records(current, previous)
-    assert list(records) == ["clm_stdlib", "minilm_cls"] and records["clm_stdlib"]["schema_version"] == 3
 
 
 def test_a_verdict_that_changed_from_the_previous_judge_s_is_named(judged):
