@@ -69,6 +69,11 @@ def _task_flags(bench: argparse.ArgumentParser) -> None:
         "--prompt_column",
         help="causal_lm: each row a prompt (its labels -100) and its --text_column answer (implies rows)",
     )
+    task.add_argument(
+        "--eval_group_column",
+        help="the eval rows' file or document: rows that share it move together in the eval noise "
+        "(default: each row on its own, which understates the noise of rows cut from one document)",
+    )
     task.add_argument("--task_factory", metavar="MODULE:FUNCTION", help="a function returning a BenchTask")
     budget = bench.add_argument_group("budget (your task; a preset has its own)")
     budget.add_argument("--max_steps", type=int, help="optimizer steps of a full run (default: 200)")

@@ -87,6 +87,12 @@ def resolution_lines(data: Mapping[str, Any]) -> list[str]:
     if value > TARGET_RESOLUTION:
         reach = " or ".join(wants) if wants else "neither more seeds nor more eval data alone"
         lines.append(f"To resolve {TARGET_RESOLUTION:g}x it would take {reach}.")
+    if not data.get("eval_clusters"):
+        lines.append(
+            "The eval noise counts every eval example as independent. Examples cut from one file or document "
+            "move together, so if yours are, name their document (`--eval_group_column`): the band widens "
+            "to the truth."
+        )
     return lines
 
 

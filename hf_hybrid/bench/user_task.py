@@ -3,7 +3,8 @@
 `--dataset`: a CSV, JSON-lines or text file or a `save_to_disk` folder; eval: `--eval_dataset` or a held-out
 `--eval_fraction` (seed 0). A causal LM's text is cut into blocks of `max_length` tokens (as `run_clm.py`)
 or, with `--lm_examples rows` or a `--prompt_column`, is one example per row, padded per batch and priced
-per token; string labels are numbered in sorted order.
+per token; string labels are numbered in sorted order. `--eval_group_column` names the eval rows that
+move together (a file, a document): the eval noise is bootstrapped over those groups, not over rows.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from .task import TASK_TYPES, BenchTask
 
 logger = logging.getLogger(__name__)
 
+GROUP = "eval_group"  # the column that carries `--eval_group_column` through tokenizing, then leaves
+
 FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".txt": "text"}
 PEFT_CHOICES = ("none", "lora")
 LM_EXAMPLES = ("blocks", "rows")
@@ -57,6 +60,7 @@ class UserTaskOptions:
     max_eval_samples: int | None = None
     lm_examples: str = "blocks"  # causal_lm: text cut into blocks, or each row one example
     prompt_column: str | None = None  # causal_lm: each row a prompt (not scored) and its text
+    eval_group_column: str | None = None  # the eval rows' document: the eval noise's clusters
 
     @property
     def rows(self) -> bool:
@@ -70,6 +74,11 @@ class UserTaskOptions:
                 raise DataError(f"`--{name}` must be one of {list(choices)}, got {getattr(self, name)!r}")
         if self.task != "causal_lm" and (self.prompt_column is not None or self.lm_examples != "blocks"):
             raise DataError("`--prompt_column` and `--lm_examples` are for `--task causal_lm`")
+        if self.eval_group_column is not None and self.task == "causal_lm" and not self.rows:
+            raise DataError(
+                "`--eval_group_column` needs one example per row: `--task sequence_classification`, or "
+                "`--lm_examples rows` or a `--prompt_column` (blocks run across rows)"
+            )
         if not 0 < self.eval_fraction < 1:
             raise DataError(f"`--eval_fraction` must be in (0, 1), got {self.eval_fraction}")
         counts = ("max_length", "per_device_train_batch_size", "per_device_eval_batch_size", "lora_r")
@@ -164,6 +173,10 @@ def build_user_task(options: UserTaskOptions) -> BenchTask:
         )
         collator = DataCollatorWithPadding(tokenizer)
         num_labels = len(names)
+    clusters = _groups(evaluation, options.eval_group_column)
+    if clusters is not None:
+        evaluation = evaluation.remove_columns(GROUP)
+        info["eval_groups"] = len(set(clusters))
     return BenchTask(
         recipe={"user": dataclasses.asdict(options)},
         name=Path(options.dataset).stem or "user_task",
@@ -177,6 +190,7 @@ def build_user_task(options: UserTaskOptions) -> BenchTask:
         eval_batch_size=options.per_device_eval_batch_size,
         data_collator=collator,
         info=info,
+        eval_clusters=clusters,
     )
 
 
@@ -188,10 +202,13 @@ def _rows(options: UserTaskOptions) -> tuple[Any, Any, Any]:
         columns[options.label_column] = "--label_column"
     if options.prompt_column is not None:
         columns[options.prompt_column] = "--prompt_column"
+    if options.eval_group_column is not None and options.eval_dataset is None:
+        columns[options.eval_group_column] = "--eval_group_column"
     _check_columns("--dataset", options.dataset, train_rows, columns)
     if options.eval_dataset is not None:
         eval_rows, _ = read_table("--eval_dataset", options.eval_dataset)
-        _check_columns("--eval_dataset", options.eval_dataset, eval_rows, columns)
+        group = {options.eval_group_column: "--eval_group_column"} if options.eval_group_column else {}
+        _check_columns("--eval_dataset", options.eval_dataset, eval_rows, {**columns, **group})
     elif ready_eval is not None:
         eval_rows = ready_eval
     elif len(train_rows) < 2:
@@ -268,6 +285,7 @@ def _causal_lm(
 def _lm_rows(rows: Any, tokenizer: Any, options: UserTaskOptions, split: str) -> Any:
     """Each row one example: prompt (labels -100), text and EOS, cut at `max_length`."""
     text, prompt, eos = options.text_column, options.prompt_column, tokenizer.eos_token_id
+    group = options.eval_group_column if split == "eval" else None
 
     def encode(batch: dict[str, list[Any]]) -> dict[str, list[list[int]]]:
         bodies = [t if isinstance(t, str) else "" for t in batch[text]]
@@ -277,12 +295,14 @@ def _lm_rows(rows: Any, tokenizer: Any, options: UserTaskOptions, split: str) ->
             if prompt is not None
             else [[] for _ in texts]
         )
-        out: dict[str, list[list[int]]] = {"input_ids": [], "labels": []}
-        for head, body in zip(prompts, texts, strict=True):
+        out: dict[str, list[Any]] = {"input_ids": [], "labels": [], **({GROUP: []} if group else {})}
+        for i, (head, body) in enumerate(zip(prompts, texts, strict=True)):
             ids = [*head, *body, *([eos] if eos is not None else [])][: options.max_length]
             if len(ids) > len(head) + (0 if head else 1):  # something to predict
                 out["input_ids"].append(ids)
                 out["labels"].append([IGNORE] * len(head) + ids[len(head) :])
+                if group:
+                    out[GROUP].append(str(batch[group][i]))
         return out
 
     examples = rows.map(encode, batched=True, batch_size=1000, remove_columns=rows.column_names)
@@ -331,9 +351,22 @@ def _classification(rows: Any, tokenizer: Any, options: UserTaskOptions, names: 
     if unseen:
         raise DataError(f"labels {unseen} of the {split} split are not in the training labels {names}")
 
+    group = options.eval_group_column if split == "eval" else None
+
     def encode(batch: dict[str, list[Any]]) -> dict[str, Any]:
         encoded = tokenizer([str(t) for t in batch[text]], truncation=True, max_length=options.max_length)
         encoded["labels"] = [index[name_of(v)] for v in batch[column]]
+        if group:
+            encoded[GROUP] = [str(v) for v in batch[group]]
         return encoded
 
     return rows.map(encode, batched=True, remove_columns=rows.column_names)
+
+
+def _groups(evaluation: Any, column: str | None) -> list[int] | None:
+    """Each eval example's group as a number (in order of first appearance); None (each example its own
+    cluster) without `--eval_group_column`."""
+    if column is None:
+        return None
+    numbers: dict[str, int] = {}
+    return [numbers.setdefault(value, len(numbers)) for value in evaluation[GROUP]]

@@ -137,6 +137,9 @@ def test_the_resolution_and_what_would_reach_the_target_are_stated():
     assert "To resolve 1.15x it would take 9 seeds or 2.5x the eval clusters at 3 seed(s)." in lines
     flat = resolution_lines({"plain": {"resolution": {**resolution, "slope": -0.01}}})
     assert flat[0].startswith("**Resolution: none at the full budget**")
+    assert "`--eval_group_column`" in lines  # no eval clusters: each example counted as independent
+    clustered = "\n".join(resolution_lines({"plain": {"resolution": resolution}, "eval_clusters": [0, 0, 1]}))
+    assert "`--eval_group_column`" not in clustered
 
 
 def test_notes_are_grouped_with_their_count():

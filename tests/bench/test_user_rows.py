@@ -102,3 +102,23 @@ def test_a_missing_prompt_column_or_rows_for_a_classifier_are_refused(files):
         _options(files, "mixed.csv", task="sequence_classification", lm_examples="rows").check()
     with pytest.raises(DataError, match=r"`--lm_examples` must be one of \['blocks', 'rows'\], got 'lines'"):
         _options(files, "mixed.csv", lm_examples="lines").check()
+
+
+def test_the_eval_groups_follow_the_rows_that_are_kept(files, tmp_path):
+    from hf_hybrid.bench.instruct import docstring_pairs, unseen_files
+
+    pairs = [(p, path.name) for path in unseen_files()[:3] for p in docstring_pairs(path, path.name)[:4]]
+    rows = [[p.prompt.decode(), p.response.decode(), name] for p, name in pairs]
+    rows.insert(5, ["a prompt longer than max_length " * 20, "never scored", "dropped.py"])
+    with open(tmp_path / "eval.csv", "w", newline="") as f:
+        csv.writer(f).writerows([["prompt", "text", "file"], *rows])
+    options = _options(
+        files,
+        "mixed.csv",
+        prompt_column="prompt",
+        eval_dataset=str(tmp_path / "eval.csv"),
+        eval_group_column="file",
+    )
+    task = build_user_task(options)
+    assert len(task.evaluation) == len(pairs) == len(task.eval_clusters)  # the too-long prompt is dropped
+    assert task.eval_clusters == [i // 4 for i in range(len(pairs))]

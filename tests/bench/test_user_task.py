@@ -101,6 +101,32 @@ def test_a_users_csv_and_local_model_run_through_the_arena(user_files, tmp_path)
     )
 
 
+def test_eval_rows_of_one_document_are_one_cluster_of_the_eval_noise(user_files, tmp_path):
+    from hf_hybrid.bench.user_task import build_user_task
+
+    with open(user_files / "my.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    with open(tmp_path / "eval.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["text", "y", "file"])
+        writer.writeheader()
+        writer.writerows({**row, "file": f"doc{i // 3}.py"} for i, row in enumerate(rows[:12]))
+    task = build_user_task(
+        _options(user_files, eval_dataset=str(tmp_path / "eval.csv"), eval_group_column="file")
+    )
+    assert task.eval_clusters == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    assert "eval_group" not in task.evaluation.column_names and len(task.evaluation) == 12
+    assert task.info["eval_groups"] == 4
+    assert (
+        build_user_task(_options(user_files, eval_dataset=str(tmp_path / "eval.csv"))).eval_clusters is None
+    )
+    with pytest.raises(DataError, match=r"`--eval_group_column` 'doc' is not a column of .*eval.csv"):
+        build_user_task(
+            _options(user_files, eval_dataset=str(tmp_path / "eval.csv"), eval_group_column="doc")
+        )
+    with pytest.raises(DataError, match=r"`--eval_group_column` needs one example per row"):
+        build_user_task(_options(user_files, task="causal_lm", eval_group_column="file"))
+
+
 @pytest.fixture
 def no_training(monkeypatch):
     """Fail the test if anything trains or calibrates."""
