@@ -21,7 +21,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from hf_hybrid.bench.report import recommendation
+from hf_hybrid.bench.report import recommendation, what_would_reach
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "arena"
@@ -203,14 +203,8 @@ def resolution_line(task: str, record: dict) -> str:
         text = "no resolution: plain's eval loss no longer falls at the full budget"
     else:
         text = f"resolution {res['resolution']:.2f}x at {res['seeds']} seed(s)"
-        wants = []
-        if res.get("seeds_for_target"):
-            wants.append(f"{res['seeds_for_target']} seeds")
-        if res.get("eval_factor_for_target"):
-            wants.append(f"{res['eval_factor_for_target']:.1f}x the eval clusters")
         if res["resolution"] > res.get("target", 1.15):
-            reach = " or ".join(wants) if wants else "neither more seeds nor more eval data alone"
-            text += f" ({res.get('target', 1.15):g}x would take {reach})"
+            text += f" ({res.get('target', 1.15):g}x would take {what_would_reach(res)})"
     methods = sum(
         v.get("cost_plain_runs") or 0.0
         for v in record["verdicts"]

@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 # ---- the rules' constants ------------------------------------------------------------------------------
@@ -62,6 +62,7 @@ BOOTSTRAP_SEED = 0
 ADAPTER_RATE_SCALE = 10.0
 SAME_TRAJECTORY_BUDGET = 0.25
 TARGET_RESOLUTION = 1.15
+EVAL_FACTORS = (2.0, 3.0, 4.0, 6.0, 10.0)  # the eval sets a task could grow to, x today's clusters
 SCHEDULE = "wsd"
 
 # verdict words
@@ -288,6 +289,19 @@ def eval_factor_for(band: Band, target: float = TARGET_RESOLUTION) -> float | No
     if room <= 0:
         return None
     return max(1.0, band.eval_se**2 / room)
+
+
+def seeds_and_eval_for(
+    band: Band, variance: float | None, target: float = TARGET_RESOLUTION
+) -> list[tuple[int, float]]:
+    """Where neither more seeds nor more eval data alone bring `band` to `target`: (seeds, times the eval
+    clusters) that do together, the fewest seeds for each of the first two factors that suffice."""
+    found = []
+    for factor in EVAL_FACTORS:
+        seeds = seeds_for(replace(band, eval_se=band.eval_se / math.sqrt(factor)), variance, target)
+        if seeds is not None:
+            found.append((seeds, factor))
+    return found[:2]
 
 
 def price_error(errors: Mapping[str, float], kinds: Sequence[str], plain_kinds: Sequence[str]) -> float:

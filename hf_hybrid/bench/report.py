@@ -13,7 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from .frontier import envelope
-from .protocol import BUDGETS, TARGET_RESOLUTION, Z
+from .protocol import BUDGETS, EVAL_FACTORS, TARGET_RESOLUTION, Z
 
 REPORT_FILE = "report.md"
 PLOT_FILE = "arena.png"
@@ -61,6 +61,22 @@ def verdict_table(data: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def what_would_reach(res: Mapping[str, Any]) -> str:
+    """What would bring a task's resolution to the target: more seeds, more eval clusters, or both."""
+    wants = []
+    if res.get("seeds_for_target"):
+        wants.append(f"{res['seeds_for_target']} seeds")
+    if res.get("eval_factor_for_target"):
+        wants.append(f"{res['eval_factor_for_target']:.1f}x the eval clusters at {res['seeds']} seed(s)")
+    both = [f"{n} seeds with {k:g}x the eval clusters" for n, k in res.get("seeds_and_eval_for_target", [])]
+    if wants:
+        return " or ".join(wants)
+    if both:
+        return "both more seeds and more eval data: " + ", or ".join(both)
+    most = max(EVAL_FACTORS)
+    return f"neither more seeds nor more eval data alone, nor both within {most:g}x the eval clusters"
+
+
 def resolution_lines(data: Mapping[str, Any]) -> list[str]:
     """The task's resolution and what would shrink it, in numbers."""
     res = (data.get("plain") or {}).get("resolution")
@@ -69,7 +85,8 @@ def resolution_lines(data: Mapping[str, Any]) -> list[str]:
     if res["slope"] <= 0:
         return [
             "**Resolution: none at the full budget** — plain's eval loss no longer falls there (it rose from "
-            "3/4 to the end), so no speed-up can be read: a longer task or more data would be needed."
+            "3/4 to the end), so no speed-up can be read: a budget that ends where plain still improves, or "
+            "more training data, would be needed."
         ]
     value = res["resolution"]
     lines = [
@@ -79,14 +96,8 @@ def resolution_lines(data: Mapping[str, Any]) -> list[str]:
         + f" and the eval set's clustered part {res['eval_se']:.4f} of a loss difference, read at "
         f"{res['slope']:.4f} of loss per e-fold of cost; the budget grid's {res['grid']:.3f} in log cost)."
     ]
-    wants = []
-    if res.get("seeds_for_target"):
-        wants.append(f"{res['seeds_for_target']} seeds")
-    if res.get("eval_factor_for_target"):
-        wants.append(f"{res['eval_factor_for_target']:.1f}x the eval clusters at {res['seeds']} seed(s)")
     if value > TARGET_RESOLUTION:
-        reach = " or ".join(wants) if wants else "neither more seeds nor more eval data alone"
-        lines.append(f"To resolve {TARGET_RESOLUTION:g}x it would take {reach}.")
+        lines.append(f"To resolve {TARGET_RESOLUTION:g}x it would take {what_would_reach(res)}.")
     if not data.get("eval_clusters"):
         lines.append(
             "The eval noise counts every eval example as independent. Examples cut from one file or document "

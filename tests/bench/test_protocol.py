@@ -273,3 +273,19 @@ def test_a_changed_constant_changes_the_rules_the_docs_and_the_race(monkeypatch)
     monkeypatch.setattr(rules, "FIRST_RATES", (0.25, 1.0, 4.0))
     assert rules.Protocol().lr_multipliers == (0.25, 1.0, 4.0)
     assert rules.first_grid(1.0) == [0.25, 1.0, 4.0]
+
+
+def test_where_neither_alone_reaches_the_target_seeds_and_eval_together_are_named():
+    band = Band(slope=0.2, seed_se=0.02, eval_se=0.02, grid=0.0)  # each part alone exceeds the target's room
+    variance = 0.02**2 * 3 / 2  # three seeds
+    assert rules.seeds_for(band, variance) is None and rules.eval_factor_for(band) is None
+    pairs = rules.seeds_and_eval_for(band, variance)
+    assert pairs and pairs[0][1] == min(f for _, f in pairs)
+    for seeds, factor in pairs:
+        together = Band(
+            slope=0.2, seed_se=rules.seed_se(variance, seeds), eval_se=0.02 / math.sqrt(factor), grid=0.0
+        )
+        fewer = Band(
+            slope=0.2, seed_se=rules.seed_se(variance, seeds - 1), eval_se=0.02 / math.sqrt(factor), grid=0.0
+        )
+        assert together.resolution <= rules.TARGET_RESOLUTION < fewer.resolution

@@ -138,6 +138,11 @@ def test_the_resolution_and_what_would_reach_the_target_are_stated():
     flat = resolution_lines({"plain": {"resolution": {**resolution, "slope": -0.01}}})
     assert flat[0].startswith("**Resolution: none at the full budget**")
     assert "`--eval_group_column`" in lines  # no eval clusters: each example counted as independent
+    both = {**resolution, "seeds_for_target": None, "eval_factor_for_target": None}
+    both["seeds_and_eval_for_target"] = [[20, 2.0], [10, 3.0]]
+    text = "\n".join(resolution_lines({"plain": {"resolution": both}}))
+    expected = "both more seeds and more eval data: 20 seeds with 2x the eval clusters, or 10 seeds with 3x"
+    assert expected in text
     clustered = "\n".join(resolution_lines({"plain": {"resolution": resolution}, "eval_clusters": [0, 0, 1]}))
     assert "`--eval_group_column`" not in clustered
 
