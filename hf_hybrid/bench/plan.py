@@ -116,9 +116,11 @@ class Planner(Chains):
         )
 
     def _base_rate(self) -> float | None:
+        """The races' centre: the task's rate, or a range test's (looked up even once its rate is in the
+        record, so that the plan stands on it and plain's part counts its cost)."""
+        spec = range_test_spec(self.budgets, self.first)
+        row = self._row(spec)
         if self.base is None:
-            spec = range_test_spec(self.budgets, self.first)
-            row = self._row(spec)
             if row is None:
                 self._want([spec])
                 return None
