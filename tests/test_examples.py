@@ -216,3 +216,17 @@ def test_hybrid_sft_config_upcasts_sft_configs_and_validates_hybrid_fields(tmp_p
     assert (upcast.max_length, upcast.learning_rate, upcast.hybrid_warmup_steps) == (77, 3e-4, 100)
     with pytest.raises(ValueError, match="hybrid_max_delta"):
         HybridSFTConfig(output_dir=str(tmp_path), bf16=False, hybrid_max_delta=2.0)
+
+
+def test_make_files_csv_holds_out_whole_files_for_eval(tmp_path, monkeypatch):
+    import csv
+
+    train, evaluation = tmp_path / "train.csv", tmp_path / "eval.csv"
+    argv = ["make_files_csv.py", str(train), str(evaluation), "--train_rows", "200", "--eval_rows", "80"]
+    monkeypatch.setattr(sys, "argv", argv)
+    _load("make_files_csv").main()
+    rows = {path: list(csv.DictReader(path.open())) for path in (train, evaluation)}
+    assert len(rows[train]) == 200 and len(rows[evaluation]) == 80
+    files = {path: {row["file"] for row in found} for path, found in rows.items()}
+    assert not files[train] & files[evaluation] and len(files[evaluation]) > 5
+    assert all(row["text"] and row["label"] == row["file"].split("/")[0] for row in rows[train])
