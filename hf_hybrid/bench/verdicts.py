@@ -66,21 +66,22 @@ def _plain(planner: Planner, evidence: reading.Evidence, cost: dict[str, Any]) -
             "seeds": seeds,
             **band.to_dict(),
             "target": rules.TARGET_RESOLUTION,
-            "seeds_for_target": rules.seeds_for(band, evidence.variance),
-            "eval_factor_for_target": rules.eval_factor_for(band),
-            **_both_for_target(band, evidence.variance),
+            **_what_reaches_target(band, evidence.variance),
         },
         "mode": planner.decisions.mode,
         "cost_plain_runs": cost["plain"],
     }
 
 
-def _both_for_target(band: rules.Band, variance: float | None) -> dict[str, Any]:
-    """Seeds and eval clusters together, only where neither alone reaches the target."""
-    if band.slope <= 0 or rules.seeds_for(band, variance) or rules.eval_factor_for(band):
-        return {}
-    pairs = rules.seeds_and_eval_for(band, variance)
-    return {"seeds_and_eval_for_target": [list(p) for p in pairs]} if pairs else {}
+def _what_reaches_target(band: rules.Band, variance: float | None) -> dict[str, Any]:
+    """More seeds or more eval clusters alone, and both together only where neither alone reaches it."""
+    seeds, factor = rules.seeds_for(band, variance), rules.eval_factor_for(band)
+    found: dict[str, Any] = {"seeds_for_target": seeds, "eval_factor_for_target": factor}
+    if band.slope > 0 and not seeds and not factor:
+        pairs = rules.seeds_and_eval_for(band, variance)
+        if pairs:
+            found["seeds_and_eval_for_target"] = [list(p) for p in pairs]
+    return found
 
 
 def _verdict(
