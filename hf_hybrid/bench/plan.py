@@ -146,14 +146,19 @@ class Planner(Chains):
         return rules.race(grid, loss_at, self.protocol.widen)
 
     def _schedule_check(self) -> bool:
-        """The trunk's full-budget point against the task's own schedule at the same rate; True when the
-        trunk is worse beyond `Z` paired standard errors (every run then falls back to separate runs)."""
+        """The trunk's branch at `SCHEDULE_CHECK_AT` against a run of that budget in the task's own schedule
+        at the same rate (half a run, where the full budget would cost a whole one); True when the trunk is
+        worse beyond `Z` paired standard errors (every run then falls back to separate runs)."""
         if self.protocol.schedule != "wsd" or not self.protocol.schedule_check:
             return False
-        rate = self.decisions.best[READ_AT]
-        trunk = self.point("plain", self.first, rate, READ_AT, "wsd")
-        own_spec = self._separate_spec("plain", self.first, rate, READ_AT, own=True)
+        at = rules.SCHEDULE_CHECK_AT
+        rate = self.decisions.best[at]
+        trunk = self.point("plain", self.first, rate, at, "wsd")
+        own_spec = self._separate_spec("plain", self.first, rate, at, own=True)
         own = self._row(own_spec)
+        if trunk is not None and not trunk.eval_example_losses:  # recorded before the check read it
+            self._want([self.point_spec("plain", self.first, rate, at, "wsd")])
+            trunk = None
         if trunk is None or own is None:
             self._need([own_spec])
             return False
@@ -163,6 +168,7 @@ class Planner(Chains):
         self.decisions.schedule_check = {
             "schedule": self.task_schedule.get("lr_scheduler_type"),
             "lr_multiplier": rate,
+            "budget": at,
             "trunk_eval_loss": trunk.loss,
             "own_schedule_eval_loss": own.loss,
             "paired_eval_se": noise,

@@ -33,8 +33,9 @@ The rules, in the order a task meets them:
 - **Same-trajectory methods** (compilers, fused kernels) run `SAME_TRAJECTORY_BUDGET` of the budget at
   plain's rate: if their eval loss there is plain's within the resolution they are judged in time against
   the clock noise, else raced as any other method.
-- **The schedule check**: the task's own schedule at plain's full-budget rate; a trunk worse than it by
-  more than `Z` paired standard errors sends every run to separate runs in that schedule.
+- **The schedule check**: a run of `SCHEDULE_CHECK_AT` of the budget in the task's own schedule at plain's
+  rate there, against the trunk's branch of that budget; a trunk worse than it by more than `Z` paired
+  standard errors sends every run to separate runs in that schedule.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ BOOTSTRAP_DRAWS = 2000
 BOOTSTRAP_SEED = 0
 ADAPTER_RATE_SCALE = 10.0
 SAME_TRAJECTORY_BUDGET = 0.25
+SCHEDULE_CHECK_AT = 0.5  # half a full run: the trunk's branch there is already run
 TARGET_RESOLUTION = 1.15
 EVAL_FACTORS = (2.0, 3.0, 4.0, 6.0, 10.0)  # the eval sets a task could grow to, x today's clusters
 SCHEDULE = "wsd"
@@ -405,6 +407,7 @@ def rules() -> list[tuple[str, str]]:
     centre = f"plain's full-budget rate (adapters replacing a full fine-tune: x{ADAPTER_RATE_SCALE:g})"
     band = f"{Z:g} standard errors: seeds, eval clusters ({BOOTSTRAP_DRAWS} bootstrap draws), grid, price"
     short = f"a run of {SAME_TRAJECTORY_BUDGET:g} of the budget, judged in time if within the resolution"
+    check_text = f"the task's own schedule against the trunk at {SCHEDULE_CHECK_AT:g} of the budget"
     return [
         ("budgets (fractions of the full budget)", ", ".join(f"{b:g}" for b in BUDGETS)),
         ("cooldown of each branch", f"{COOLDOWN:g} of its budget, {DECAY} decay"),
@@ -418,6 +421,7 @@ def rules() -> list[tuple[str, str]]:
         ("band", band),
         ("early stop", f"at {EARLY_STOP_AT:g} of the budget, below twice the band"),
         ("same-trajectory methods", short),
+        ("schedule check", check_text),
         ("target resolution of a built-in task", f"{TARGET_RESOLUTION:g}x at 3 seeds"),
     ]
 

@@ -99,7 +99,8 @@ class Record:
         return Rows(RunRow.from_dict(r) for r in self.runs)
 
     def add(self, row: RunRow) -> None:
-        self.runs.append(row.to_dict())
+        """Append `row`, in place of a row of the same key (a point measured again for what it lacked)."""
+        self.data["runs"] = [r for r in self.runs if r["key"] != row.key] + [row.to_dict()]
         self.save()
 
     def note(self, text: str) -> None:

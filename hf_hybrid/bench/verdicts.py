@@ -23,6 +23,8 @@ from .spec import RANGE_TEST, SEGMENT, SEPARATE, RunSpec
 
 __all__ = ["costs", "verdicts"]
 
+SAME_TRAJECTORY_REFERENCE = "same_trajectory_reference"  # plain's run timed beside a same-trajectory method's
+
 
 def verdicts(planner: Planner, parents: dict[str, str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(plain summary, one verdict per method) from a complete plan's points. `parents`: each null
@@ -224,24 +226,28 @@ def own_units(planner: Planner, row: RunRow) -> float:
 
 def costs(planner: Planner) -> dict[str, Any]:
     """The record's compute in plain full runs: plain's part (its race, the schedule check, the other
-    seeds, a range test), each method's (with its null control's), and the runs no longer used."""
+    seeds, a range test), each method's (with its null control's), and the runs no longer used. Plain's
+    runs timed beside same-trajectory methods exist only for them: they are those methods' cost, shared."""
     full = planner.full_point("plain", planner.first, planner.plain_rate)
     unit = full.units if full is not None else math.nan
     parents = {null.spec: parent for parent, null in planner.nulls.items()}
-    plain = dict.fromkeys(
-        ("race", "schedule_check", "same_trajectory_check", "other_seeds", "range_test"), 0.0
-    )
+    timed_beside = [m for m, d in planner.decisions.methods.items() if "same_trajectory" in d]
+    plain = dict.fromkeys(("race", "schedule_check", "other_seeds", "range_test"), 0.0)
     methods: dict[str, float] = {}
     unused = 0.0
     for row in planner.rows:
         units = rules.in_plain_runs(own_units(planner, row), unit)
+        part = _plain_part(planner, row) if row.method == "plain" else None
+        owners = [parents.get(row.method, row.method)]
+        if part == SAME_TRAJECTORY_REFERENCE:
+            owners = timed_beside or ["same-trajectory methods"]  # a record whose check is still running
         if row.key not in planner.used:
             unused += units
-        elif row.method == "plain":
-            plain[_plain_part(planner, row)] += units
+        elif part in plain:
+            plain[part] += units
         else:
-            owner = parents.get(row.method, row.method)
-            methods[owner] = methods.get(owner, 0.0) + units
+            for owner in owners:
+                methods[owner] = methods.get(owner, 0.0) + units / len(owners)
     plain["total"] = sum(plain.values())
     return {"plain": plain, "methods": methods, "unused": unused}
 
@@ -253,6 +259,6 @@ def _plain_part(planner: Planner, row: RunRow) -> str:
         return "other_seeds"
     separate = planner.decisions.mode == "separate"
     if row.kind == SEPARATE and row.budget == SAME_TRAJECTORY_BUDGET and not separate:
-        return "same_trajectory_check"  # plain's run timed beside a same-trajectory method's
+        return SAME_TRAJECTORY_REFERENCE
     own_schedule = RunSpec.from_dict(row.spec).schedule.get("lr_scheduler_type") != WSD
     return "schedule_check" if own_schedule and planner.decisions.mode != "separate" else "race"
