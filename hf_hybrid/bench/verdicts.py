@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from pathlib import Path
 from typing import Any
 
 from . import protocol as rules
@@ -215,13 +216,20 @@ def own_units(planner: Planner, row: RunRow) -> float:
         return 0.0
     if row.start == 0:
         return row.units
-    trunk = row.spec.get("trunk_dir")
+    trunk = _trunk_name(row)
     before = [
         r
         for r in planner.rows
-        if r.kind == SEGMENT and r.spec.get("trunk_dir") == trunk and r.spec["stop"] == row.start
+        if r.kind == SEGMENT and _trunk_name(r) == trunk and r.spec["stop"] == row.start
     ]
     return row.units - (before[0].units if trunk and before else 0.0)
+
+
+def _trunk_name(row: RunRow) -> str | None:
+    """The trunk a row continues, by its folder's name: a record moved or resumed under another `--out`
+    holds the same trunk at two paths."""
+    trunk = row.spec.get("trunk_dir")
+    return Path(trunk).name if trunk else None
 
 
 def costs(planner: Planner) -> dict[str, Any]:

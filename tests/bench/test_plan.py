@@ -5,6 +5,7 @@ are identical, costs, and a kill anywhere."""
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 
@@ -207,6 +208,19 @@ def test_the_record_states_the_resolution_and_what_each_part_cost(tmp_path):
     assert verdict_of(data, "freeze:2")["cost_plain_runs"] > 0
     text = markdown(data)
     assert "**Resolution:" in text and "Plain's part cost" in text
+
+
+def test_a_record_moved_under_another_out_costs_what_it_did(tmp_path):
+    """A trunk recorded at two paths (the record moved, then resumed) is still one trunk: each segment
+    costs only its own steps."""
+    data, _ = run(tmp_path, ["plain"], lambda m, r, b, s: plain_loss(r, b, s), seeds=(0,))
+    before = data["plain"]["cost_plain_runs"]
+    for row in data["runs"]:
+        if row["spec"].get("trunk_dir") and row["start"] == 0:
+            row["spec"]["trunk_dir"] = row["spec"]["trunk_dir"].replace(str(tmp_path), str(tmp_path / "old"))
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    moved, executor = run(tmp_path, ["plain"], lambda m, r, b, s: plain_loss(r, b, s), seeds=(0,))
+    assert not executor.ran and moved["plain"]["cost_plain_runs"] == pytest.approx(before)
 
 
 def test_a_changed_rule_reaches_the_record_and_the_report(tmp_path, monkeypatch):
