@@ -256,7 +256,8 @@ def _plain_lines(data: Mapping[str, Any]) -> list[str]:
             "every run fell back to it" if check["fallback"] else "the trunk's branches stay the frontier"
         )
         lines.append(
-            f"Schedule check at x{check['lr_multiplier']:g}: the trunk's full-budget eval loss "
+            f"Schedule check at x{check['lr_multiplier']:g}, {check['budget']:g} of the budget: the "
+            f"trunk's branch's eval loss "
             f"{check['trunk_eval_loss']:.4f}, the task's own `{check['schedule']}` schedule's "
             f"{check['own_schedule_eval_loss']:.4f} (paired eval error ±{check['paired_eval_se']:.4f}): "
             f"{verdict}."
