@@ -210,8 +210,9 @@ def resolution_line(task: str, record: dict) -> str:
         for v in record["verdicts"]
         if v["method"] != "plain" and not v.get("null_control_of")
     )
-    plain_cost = (plain.get("cost_plain_runs") or {}).get("total", 0.0)
-    cost = f"plain's part {plain_cost:.1f}, the methods' {methods:.1f}"
+    parts = plain.get("cost_plain_runs") or {}
+    race = f" (its race {parts['race']:.2f})" if "race" in parts else ""
+    cost = f"plain's part {parts.get('total', 0.0):.2f}{race}, the methods' {methods:.2f}"
     return f"- `{task}`: {text}; cost in plain full runs: {cost}"
 
 
