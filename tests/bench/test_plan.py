@@ -147,6 +147,9 @@ def test_a_same_trajectory_method_is_judged_in_time_from_one_short_run(tmp_path)
     assert verdict["speedup_time"] == pytest.approx(2.0)
     mine = [k for k in ran.ran if k.startswith("args:")]
     assert len(mine) == 1 and "0-50 of 50" in mine[0]  # one run of a quarter of the budget
+    # its quarter-budget run (0.25) and plain's two timed beside it (0.25 each) are its cost, not plain's
+    assert verdict["cost_plain_runs"] == pytest.approx(0.75, rel=0.01)
+    assert "same_trajectory_reference" not in data["plain"]["cost_plain_runs"]
 
 
 def test_the_clock_noise_is_plain_s_short_run_timed_twice_beside_the_method(tmp_path):
@@ -183,8 +186,25 @@ def test_the_schedule_check_runs_once_at_one_rate_and_keeps_the_trunk(tmp_path):
         tmp_path, ["plain"], lambda m, r, b, s: plain_loss(r, b, s), seeds=(0,), schedule_check=True
     )
     checks = [k for k in executor.ran if "separate linear" in k]
-    assert len(checks) == 1 and "lr 0.002 " in checks[0]
+    assert len(checks) == 1 and "lr 0.002 " in checks[0] and "0-100 of 100" in checks[0]  # half the budget
     assert data["decisions"]["mode"] == "wsd" and data["decisions"]["schedule_check"]["fallback"] is False
+    assert data["plain"]["cost_plain_runs"]["schedule_check"] == pytest.approx(0.5)
+
+
+def test_a_trunk_branch_recorded_without_its_per_example_losses_is_measured_again_for_the_check(tmp_path):
+    """A record from before the check read the ½ branch: the branch runs again (its trunk's checkpoint
+    rebuilt), and the check pairs it, rather than reading an infinite error that can never fall back."""
+    executor = Fake(lambda m, r, b, s: plain_loss(r, b, s), own_schedule=-0.2)
+    data, _ = run(tmp_path, ["plain"], None, seeds=(0,), executor=executor, schedule_check=False)
+    for row in data["runs"]:
+        if row["budget"] == 0.5:
+            row["eval_example_losses"] = None
+    (tmp_path / "results.json").write_text(json.dumps(data))
+    for folder in tmp_path.rglob("checkpoint-*"):
+        shutil.rmtree(folder)
+    data, executor = run(tmp_path, ["plain"], None, seeds=(0,), executor=executor, schedule_check=True)
+    again = [k for k in executor.ran if "branch" in k and "of 100" in k]
+    assert again and data["decisions"]["schedule_check"]["fallback"] is True
 
 
 def test_a_trunk_worse_than_the_task_s_own_schedule_sends_every_run_to_separate_runs(tmp_path):
