@@ -35,8 +35,8 @@ def test_an_unknown_fault_is_refused_naming_the_known_ones(tmp_path, capsys):
     argv = ["bench", "--faults", "meteor", "--suite", "tiny", "--seeds", "0", "--out", str(tmp_path)]
     assert main(argv) == 2
     assert (
-        "unknown fault 'meteor'; faults: ['lr_burst', 'garbage', 'shuffled_labels']"
-        in capsys.readouterr().err
+        "unknown fault 'meteor'; faults: ['lr_burst', 'garbage', 'shuffled_labels'], "
+        "controls: ['skip_clean_2', 'skip_clean_5']" in capsys.readouterr().err
     )
 
 
@@ -91,3 +91,39 @@ def test_fault_eval_points_are_checked_before_any_run(tmp_path, capsys):
     )
     assert main([*argv, "--fault_eval_points", "4"]) == 2
     assert "was made with eval_points 1, not 4" in capsys.readouterr().err
+
+
+def test_a_skip_control_leaves_weights_and_optimizer_state_alone_in_its_window_only(tmp_path):
+    """`skip_clean_2` on the plain `Trainer` (20 steps: the window is steps 11 and 12): the clean batches
+    run forward and backward, but no update reaches the weights or Adam's state there; the schedule moves
+    on, and every step outside the window trains."""
+    from helpers import plain_trainer
+    from transformers import TrainerCallback
+
+    from hf_hybrid.bench.measure.faults import inject
+
+    class States(TrainerCallback):
+        def __init__(self) -> None:
+            self.at: dict[int, tuple[list[torch.Tensor], list[torch.Tensor], float]] = {}
+
+        def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
+            moments = [t.clone() for s in optimizer.state.values() for t in s.values() if torch.is_tensor(t)]
+            weights = [p.detach().clone() for p in model.parameters()]
+            self.at[state.global_step] = (weights, moments, optimizer.param_groups[0]["lr"])
+
+    trainer = plain_trainer(tmp_path, max_steps=20)
+    states = States()
+    trainer.add_callback(states)
+    inject(trainer, fault_window("skip_clean_2", 20), seed=0)
+    trainer.train()
+
+    def same(a: int, b: int) -> bool:
+        return all(
+            torch.equal(x, y)
+            for part in (0, 1)
+            for x, y in zip(states.at[a][part], states.at[b][part], strict=True)
+        )
+
+    assert same(10, 11) and same(11, 12)
+    assert not same(9, 10) and not same(12, 13)
+    assert states.at[12][2] != states.at[10][2]  # the schedule went on

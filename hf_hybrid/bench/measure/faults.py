@@ -2,8 +2,11 @@
 
 Faults at mid-run: `lr_burst` (the rate x30 for 3 steps), `garbage` (2 batches of random tokens),
 `shuffled_labels` (5 batches whose labels are permuted across rows). Each arm runs clean and faulted on
-every seed. With `eval_points` > 1 each fault is also read where the clean plain run's eval loss is lowest
-(on a task that overfits, wasted steps lower every arm's final loss).
+every seed. Two controls, asked for by name, are no fault: `skip_clean_2` and `skip_clean_5` skip the
+optimizer step of 2 (5) clean batches in the garbage (shuffled labels) window, which is what the guard
+does to the faulted ones: what skipping costs by itself, the scale below which "worse than plain" on a
+data fault cannot be told from the skip. With `eval_points` > 1 each fault is also read where the
+clean plain run's eval loss is lowest (on a task that overfits, wasted steps lower every arm's final loss).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from ..runner import run_trial
 from ..task import BenchTask
 
 FAULTS = ("lr_burst", "garbage", "shuffled_labels")
+CONTROLS = ("skip_clean_2", "skip_clean_5")
 LR_FACTOR, LR_STEPS = 30.0, 3
 GARBAGE_STEPS, SHUFFLED_STEPS = 2, 5
 CLEAN = "clean"
@@ -43,9 +47,15 @@ class FaultWindow:
 
 
 def fault_window(kind: str, max_steps: int) -> FaultWindow:
-    if kind not in FAULTS:
-        raise ValueError(f"unknown fault {kind!r}; faults: {list(FAULTS)}")
-    length = {"lr_burst": LR_STEPS, "garbage": GARBAGE_STEPS, "shuffled_labels": SHUFFLED_STEPS}[kind]
+    if kind not in FAULTS + CONTROLS:
+        raise ValueError(f"unknown fault {kind!r}; faults: {list(FAULTS)}, controls: {list(CONTROLS)}")
+    length = {
+        "lr_burst": LR_STEPS,
+        "garbage": GARBAGE_STEPS,
+        "shuffled_labels": SHUFFLED_STEPS,
+        "skip_clean_2": GARBAGE_STEPS,
+        "skip_clean_5": SHUFFLED_STEPS,
+    }[kind]
     return FaultWindow(kind, max_steps // 2, length)
 
 
@@ -61,6 +71,28 @@ class LearningRateBurst(TrainerCallback):
         if self.window.covers(state.global_step):
             for group in optimizer.param_groups:
                 group["lr"] *= LR_FACTOR
+
+
+class SkippedSteps(TrainerCallback):
+    """The optimizer step of the window's steps never runs (their batches' forward and backward do, the
+    schedule moves on), as the guard's skip of a batch it blames."""
+
+    def __init__(self, window: FaultWindow) -> None:
+        self.window = window
+        self.step = 0
+
+    def on_train_begin(
+        self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any
+    ) -> None:
+        original = optimizer.step
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            return None if self.window.covers(self.step) else original(*args, **kwargs)
+
+        optimizer.step = step
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.step = state.global_step
 
 
 def corrupt(inputs: dict[str, Any], kind: str, generator: torch.Generator, vocab: int) -> dict[str, Any]:
@@ -85,6 +117,9 @@ def inject(trainer: Trainer, window: FaultWindow, seed: int) -> Trainer:
     """Make `trainer` deliver the fault: a callback for the lr, a wrapped `training_step` for the data."""
     if window.kind == "lr_burst":
         trainer.add_callback(LearningRateBurst(window))
+        return trainer
+    if window.kind in CONTROLS:
+        trainer.add_callback(SkippedSteps(window))
         return trainer
     generator = torch.Generator().manual_seed(seed)
     vocab = trainer.model.config.vocab_size if hasattr(trainer.model, "config") else 256
