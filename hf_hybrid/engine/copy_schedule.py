@@ -66,6 +66,13 @@ class CopySchedule:
             store.step = step
         return of
 
+    def rolled_back(self, step: int) -> None:
+        """The weights went back to those after `step` from a copy not of this schedule (the update check's):
+        a pending copy taken since holds what was undone and is dropped."""
+        if self.pending.step is not None and self.pending.step > step:
+            self.pending.step = None
+            self.clean_since_pending = 0
+
     def rebase(self, step: int) -> None:
         """A checkpoint of this step was saved: the copies start again from it, as a resumed run's do."""
         if not self.trusted.persistent:  # dropped, as a resumed run never had it

@@ -14,14 +14,27 @@ import torch
 from .config import SpikeGuardConfig
 from .sharding import local
 
-__all__ = ["CopyStore", "HostCopy", "NoCopy", "host_copies"]
+__all__ = ["CopyStore", "HostCopy", "NoCopy", "Restorable", "host_copies"]
 
 
-class CopyStore(Protocol):
+class Restorable(Protocol):
+    """What a restore goes back to: the weights after `step` (None: nothing), measured by a swap."""
+
+    step: int | None
+
+    def restore(self, params: list[torch.Tensor], optimizer: Any) -> None: ...
+
+    def available(self) -> str | None:
+        """Why the copy cannot be restored now (None: it can)."""
+
+    def swap(self, params: list[torch.Tensor]) -> bool:
+        """Exchange the copy's weights with the live ones (twice restores both); False if it cannot."""
+
+
+class CopyStore(Restorable, Protocol):
     """Where a copy of the training state lives (`step` None: nothing). `periodic`: taken every `every`
     clean steps (else at checkpoints); `persistent`: it outlives the process (a resumed run has it)."""
 
-    step: int | None
     periodic: bool
     persistent: bool
 
@@ -32,14 +45,6 @@ class CopyStore(Protocol):
 
     def clear(self) -> None:
         """Hold nothing (and free what was held)."""
-
-    def restore(self, params: list[torch.Tensor], optimizer: Any) -> None: ...
-
-    def available(self) -> str | None:
-        """Why the copy cannot be restored now (None: it can)."""
-
-    def swap(self, params: list[torch.Tensor]) -> bool:
-        """Exchange the copy's weights with the live ones (twice restores both); False if it cannot."""
 
     def nbytes(self) -> int: ...
 

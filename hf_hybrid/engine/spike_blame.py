@@ -19,7 +19,7 @@ import torch
 from .alarm import Alarm, DivergenceLevel
 from .config import SpikeGuardConfig
 from .copy_schedule import CopySchedule
-from .guard_copies import CopyStore
+from .guard_copies import Restorable
 from .spike_detector import SpikeDetector, Thresholds
 
 logger = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class Blame:
         level = self.detector.level()
         return loss - level > GROSS_RISE * abs(level) and loss > HARDEST_RISE * self.detector.hardest()
 
-    def worth_restoring(self, step: int, copy: CopyStore) -> bool:
+    def worth_restoring(self, step: int, copy: Restorable) -> bool:
         """The copy is still better on this step's batch than the weights now, by `BLAME_SHARE` of the rise
         (an unmeasurable copy is); if not, the suspicion ends with nothing undone."""
         measured = self._loss_at(copy)
@@ -164,7 +164,7 @@ class Blame:
         """The step the fault was first seen at: the suspicion's first firing step, or this one."""
         return step if self.suspect_since is None else self.suspect_since
 
-    def _loss_at(self, copy: CopyStore) -> float | None:
+    def _loss_at(self, copy: Restorable) -> float | None:
         """This step's batch's loss with `copy`'s weights swapped in (then swapped back, bit-exact)."""
         if self.suspect_loss is None or copy.available() is not None:
             return None

@@ -21,9 +21,9 @@ import torch
 from .alarm import Alarm, DivergenceLevel
 from .config import SpikeGuardConfig
 from .copy_schedule import CopySchedule
-from .guard_copies import CopyStore, host_copies
+from .guard_copies import CopyStore, Restorable, host_copies
 from .spike_blame import DATA, MAX_SKIPS, WEIGHTS, Blame, detector_for
-from .update_check import UpdateCheck
+from .update_check import ExcursionCopy, UpdateCheck
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class SpikeGuard:
     def can_restore(self, step: int, why: str) -> bool:
         """A copy from before the fault is available, worth restoring (`Blame.worth_restoring`), and the
         window's cap is not reached (each refusal is said)."""
-        copy = self.copies.before(self.blame.onset(step))
+        copy = self._source(step)
         problem = copy.available()
         if problem is not None:
             logger.warning("hf_hybrid: step %d: %s; %s to restore, carried on", step, why, problem)
@@ -160,9 +160,20 @@ class SpikeGuard:
         self.blame.clear()
         return False
 
+    def _source(self, step: int) -> Restorable:
+        """What a restore at `step` goes back to: the newest copy from before the fault's onset, the update
+        check's from before an open learning-rate excursion included when the fault was first seen inside
+        it (a burst undone, fewer clean batches given back than by the schedule's older copy)."""
+        onset = self.blame.onset(step)
+        copy = self.copies.before(onset)
+        excursion = self.update_check.before_excursion()
+        if excursion is None or excursion.step + 1 >= onset:
+            return copy
+        return excursion if copy.step is None or excursion.step > copy.step else copy
+
     def restore(self, step: int, why: str) -> None:
         """Put back the copy from before the fault; the batches since it are skipped."""
-        copy = self.copies.before(self.blame.onset(step))
+        copy = self._source(step)
         copy.restore(self.params, self.optimizer)
         self.update_check.end_excursion()
         self.detector.forget_after(copy.step)
@@ -171,12 +182,16 @@ class SpikeGuard:
         self.skipped_steps += skipped
         self.restore_steps.append(step)
         self.blame.restored()
-        of = self.copies.restored(copy, step)
+        if isinstance(copy, ExcursionCopy):
+            self.copies.rolled_back(copy.step)
+            of, what = copy.step, "the weights (the update check's copy, from before the rate jumped)"
+        else:
+            of, what = self.copies.restored(copy, step), "the weights and optimizer state"
         logger.warning(
-            "hf_hybrid: step %d: %s -> restored the weights and optimizer state of step %d, skipping the "
-            "%d batches since",
+            "hf_hybrid: step %d: %s -> restored %s of step %d, skipping the %d batches since",
             step,
             why,
+            what,
             of,
             skipped,
         )

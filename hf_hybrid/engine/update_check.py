@@ -168,11 +168,30 @@ class UpdateCheck:
     @torch.no_grad()
     def take_back(self) -> list[int]:
         """Put back the weights of before the step (or excursion); returns the steps undone."""
-        torch._foreach_copy_(self.sample.live, self.copy)
+        self.put_back()
         first, last = self.undone or (self._step[0], self._step[0])
         self.taken = self.copied = False
         self.undone = None
         return list(range(first, last + 1))
+
+    def before_excursion(self) -> ExcursionCopy | None:
+        """The copy of the weights from before the open excursion's first step (None: none is open)."""
+        if self.excursion is None or not self.copied:
+            return None
+        return ExcursionCopy(self, self.excursion - 1)
+
+    @torch.no_grad()
+    def put_back(self) -> None:
+        """The live weights become the copy's (the optimizer's state is left as it is)."""
+        torch._foreach_copy_(self.sample.live, self.copy)
+
+    @torch.no_grad()
+    def swap(self) -> None:
+        """Exchange the copy's weights with the live ones (twice restores both, bit for bit)."""
+        for buf, live in zip(self.copy, self.sample.live, strict=True):
+            kept = live.clone()
+            live.copy_(buf)
+            buf.copy_(kept)
 
     def end_excursion(self) -> None:
         """The weights were replaced or saved (a checkpoint holds no copy): an open excursion ends."""
@@ -260,3 +279,22 @@ class UpdateCheck:
         self.largest_ratio = float(state.get("largest_ratio", 0.0))
         self.copies = int(state.get("copies", 0))
         self.unjudged = int(state.get("unjudged", 0))
+
+
+class ExcursionCopy:
+    """The update check's copy from before an open excursion, as a restore's source (`Restorable`): the
+    weights after `step`, without the optimizer's state, which keeps what it learnt (as a take-back)."""
+
+    def __init__(self, check: UpdateCheck, step: int) -> None:
+        self.check = check
+        self.step: int | None = step
+
+    def available(self) -> str | None:
+        return None
+
+    def swap(self, params: list[torch.Tensor]) -> bool:
+        self.check.swap()
+        return True
+
+    def restore(self, params: list[torch.Tensor], optimizer: Any) -> None:
+        self.check.put_back()

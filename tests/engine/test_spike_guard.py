@@ -199,6 +199,30 @@ def test_an_lr_burst_blames_the_weights_waits_then_restores() -> None:
     assert abs(loop.eval() - clean.eval()) < 0.2 * damage
 
 
+def test_a_restore_inside_an_lr_excursion_goes_back_to_before_the_jump(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The burst's updates stay (judged not outsized here, as a classifier's that lower their own batch's
+    loss stay), the loss's path blames the weights while the rate is still up: the restore puts back the
+    update check's copy from before the rate jumped (the weights after step 79, bit for bit, the optimizer
+    keeping its state), not the schedule's copy of step 70: fewer clean batches are given back."""
+    caplog.set_level(logging.WARNING, logger="hf_hybrid")
+    config = SpikeGuardConfig(every=10, max_update_ratio=1e6)
+    loop = Loop(config).run(range(1, STEPS + 1), burst=range(80, 83), keep=True)
+    stats = loop.engine.stats()
+    restored = loop.steps_with(RecoveryAction.RESTORE)
+    assert restored == stats["restore_steps"] and len(restored) == 1 and restored[0] <= 83, restored
+    step = restored[0]
+    assert stats["updates_taken_back"] == 0 and stats["update_check_copies"] >= 1
+    weights, state = loop.after[step]
+    assert all(torch.equal(p, q) for p, q in zip(weights, loop.after[79][0], strict=True))
+    assert state["state"][0]["step"] > loop.after[79][1]["state"][0]["step"]  # the optimizer's state kept
+    assert stats["spike_skipped_steps"] == step - 79
+    assert "the update check's copy, from before the rate jumped) of step 79" in caplog.text
+    loss_only = Loop(SpikeGuardConfig(every=10, **LOSS_ONLY)).run(range(1, STEPS + 1), burst=range(80, 83))
+    assert loss_only.engine.stats()["spike_skipped_steps"] > stats["spike_skipped_steps"]
+
+
 def test_a_bad_batch_is_blamed_skipped_and_changes_nothing() -> None:
     loop = Loop(SpikeGuardConfig(every=10)).run(range(1, 101), garbage=range(60, 62), keep=True)
     assert loop.steps_with(RecoveryAction.SKIP) == [60, 61] == loop.engine.stats()["skip_steps"]

@@ -102,6 +102,28 @@ def test_an_lr_burst_that_comes_back_down_is_taken_back_whole() -> None:
     assert torch.equal(weights, before) and check.copies == 1
 
 
+def test_an_open_excursion_lends_its_copy_from_before_the_jump() -> None:
+    """While the rate is up, the copy of before the excursion's first step is a restore's source (the
+    weights after step 0 here), swapped in and out bit for bit; once the rate is back down it is not."""
+    check, weights, _ = _check(raised=False)
+    _steady(check, weights)
+    assert check.before_excursion() is None
+    before = weights.clone()
+    for step in (1, 2):
+        _step(check, weights, 100.0, lr=1e-3 * LR_JUMP * 15, grad_ratio=1.0, step=step)
+    copy = check.before_excursion()
+    assert copy is not None and copy.step == 0 and copy.available() is None
+    during = weights.clone()
+    copy.swap([weights])
+    assert torch.equal(weights, before)
+    copy.swap([weights])
+    assert torch.equal(weights, during)
+    copy.restore([weights], None)
+    assert torch.equal(weights, before)
+    _step(check, weights, 1.0, lr=1e-3, grad_ratio=1.0, step=3)
+    assert check.before_excursion() is None
+
+
 def test_an_lr_burst_that_did_good_stays() -> None:
     """The same burst, but the batch of the step the rate came back at does better than before it."""
     check, weights, _ = _check(raised=False)
