@@ -175,7 +175,10 @@ class UpdateCheck:
         return list(range(first, last + 1))
 
     def before_excursion(self) -> ExcursionCopy | None:
-        """The copy of the weights from before the open excursion's first step (None: none is open)."""
+        """The copy of the weights from before the first step of the open excursion, or of the one this
+        step's verdict takes back (None: neither)."""
+        if self.undone is not None:
+            return ExcursionCopy(self, self.undone[0] - 1)
         if self.excursion is None or not self.copied:
             return None
         return ExcursionCopy(self, self.excursion - 1)
@@ -194,8 +197,9 @@ class UpdateCheck:
             buf.copy_(kept)
 
     def end_excursion(self) -> None:
-        """The weights were replaced or saved (a checkpoint holds no copy): an open excursion ends."""
-        self.excursion = None
+        """The weights were replaced or saved (a checkpoint holds no copy): an open excursion ends, and a
+        take-back decided for it is moot."""
+        self.excursion = self.undone = None
         self.copied = False
 
     def turn_off(self) -> None:

@@ -70,6 +70,7 @@ class Loop:
         loss_of: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
         keep: bool = False,
         base_lr: float = 1e-2,
+        burst_lr: float = 1.0,
     ) -> Loop:
         for step in steps:
             self.engine.begin_step(step)
@@ -84,7 +85,7 @@ class Loop:
             self.optimizer.zero_grad()
             loss.backward()
             grad_norm = float(torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters()]))
-            lr = 1.0 if step in burst else base_lr
+            lr = burst_lr if step in burst else base_lr
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             if keep:
@@ -221,6 +222,24 @@ def test_a_restore_inside_an_lr_excursion_goes_back_to_before_the_jump(
     assert "the update check's copy, from before the rate jumped) of step 79" in caplog.text
     loss_only = Loop(SpikeGuardConfig(every=10, **LOSS_ONLY)).run(range(1, STEPS + 1), burst=range(80, 83))
     assert loss_only.engine.stats()["spike_skipped_steps"] > stats["spike_skipped_steps"]
+
+
+def test_a_restore_at_the_step_an_excursion_is_taken_back_goes_back_to_before_the_jump() -> None:
+    """The MiniLM full fine-tune's case: the rate comes back down at step 83 and the check's verdict takes
+    the excursion back, while at the same step the loss's path restores (here the step losses of 82-83
+    are shown raised, their gradients left as they were). The restore wins and goes back to the check's
+    copy of before the jump (after step 79), not to the schedule's copy of step 70."""
+
+    def shown(step: int, loss: torch.Tensor) -> torch.Tensor:
+        return loss + 5.0 if step in (82, 83) else loss
+
+    loop = Loop(SpikeGuardConfig(every=10)).run(
+        range(1, STEPS + 1), burst=range(80, 83), burst_lr=0.3, loss_of=shown, keep=True
+    )
+    stats = loop.engine.stats()
+    assert loop.steps_with(RecoveryAction.RESTORE) == [83] == stats["restore_steps"]
+    assert stats["updates_taken_back"] == 0 and stats["spike_skipped_steps"] == 4
+    assert all(torch.equal(p, q) for p, q in zip(loop.after[83][0], loop.after[79][0], strict=True))
 
 
 def test_a_bad_batch_is_blamed_skipped_and_changes_nothing() -> None:
