@@ -13,6 +13,9 @@ The rules, in the order a task meets them:
   rung; at each rung of `RACE_RUNGS` the best (lowest eval loss) must be *interior* (the rate below it ran
   there and did worse, the rate above did worse there or at a shorter rung), else the grid widens by
   `SPACING` on the open side, at most `MAX_WIDENINGS` times a side, and an edge after that is *untuned*;
+  the grid widens upwards only at the last rung (a shorter budget favours a larger rate, so a best at the
+  top of a short rung says little about the full budget), and the rate above runs first at the first
+  rung, where doing worse than the best closes that side for a quarter of the price;
   from one rung to the next go on the best and the rate below it; after the last rung the winner alone
   goes on to the full budget (its ¾ branch is plain's frontier point there).
 - **The centre**: plain's is the base rate (the task's, the user's, or a range test's); a method's is
@@ -62,7 +65,7 @@ BOOTSTRAP_DRAWS = 2000
 BOOTSTRAP_SEED = 0
 ADAPTER_RATE_SCALE = 10.0
 SAME_TRAJECTORY_BUDGET = 0.25
-SCHEDULE_CHECK_AT = 0.5  # half a full run: the trunk's branch there is already run
+SCHEDULE_CHECK_AT = 0.25  # a quarter of a full run: the trunk's branch there is already run
 TARGET_RESOLUTION = 1.15
 EVAL_FACTORS = (2.0, 3.0, 4.0, 6.0, 10.0)  # the eval sets a task could grow to, x today's clusters
 SCHEDULE = "wsd"
@@ -129,13 +132,12 @@ def carried(best: float) -> list[float]:
     return [best / SPACING, best]
 
 
-def open_side(best: float, rung: float, judged: Sequence[float], loss_at: LossAt) -> str | None:
+def open_side(best: float, rung: float, loss_at: LossAt) -> str | None:
     """Which side of `best` is not yet shown worse ("below", "above"), or None when it is interior: the
     rate below ran at this rung and did worse, the rate above did no better here or at a shorter rung
     (a tie goes to the smaller rate, so an equal rate above closes the side: the optimum lies between)."""
     here = loss_at(best, rung)
-    below = best / SPACING
-    below_loss = loss_at(below, rung) if any(math.isclose(r, below) for r in judged) else None
+    below_loss = loss_at(best / SPACING, rung)
     if below_loss is None or below_loss <= here:
         return "below"
     for shorter in (b for b in RACE_RUNGS if b <= rung):
@@ -147,10 +149,17 @@ def open_side(best: float, rung: float, judged: Sequence[float], loss_at: LossAt
 
 def race(grid: Sequence[float], loss_at: LossAt, widen: int | None = None) -> Race:
     """Walk the rungs in order as far as the known points allow; what is missing is `wanted`. The lowest
-    eval loss wins a rung (the smaller rate on a tie)."""
+    eval loss wins a rung (the smaller rate on a tie). The race reads only the points it asked for, so a
+    record holding more (an earlier rule's runs) is read as a fresh race would be, and costs as much."""
     widen = MAX_WIDENINGS if widen is None else widen
     state = Race()
     low, high = min(grid) / SPACING**widen, max(grid) * SPACING**widen
+
+    def asked(rate: float, budget: float) -> float | None:
+        if not any(math.isclose(rate, r) for r in state.rungs.get(budget, ())):
+            return None
+        return loss_at(rate, budget)
+
     active = sorted(set(grid))
     for rung in RACE_RUNGS:
         while True:
@@ -160,9 +169,9 @@ def race(grid: Sequence[float], loss_at: LossAt, widen: int | None = None) -> Ra
                 state.wanted = missing
                 return state
             best = min(active, key=lambda r: (loss_at(r, rung), r))
-            side = open_side(best, rung, active, loss_at)
-            if side is None:
-                break
+            side = open_side(best, rung, asked)
+            if side is None or (side == "above" and rung != RACE_RUNGS[-1]):
+                break  # a shorter budget favours a larger rate: the rate above is tried at the last rung
             neighbour = best / SPACING if side == "below" else best * SPACING
             if not low * (1 - 1e-9) <= neighbour <= high * (1 + 1e-9):
                 state.untuned[rung] = (
@@ -170,11 +179,18 @@ def race(grid: Sequence[float], loss_at: LossAt, widen: int | None = None) -> Ra
                     f"after {widen} widening(s) beyond the first grid"
                 )
                 break
+            first = state.rungs[RACE_RUNGS[0]]
+            if side == "above" and not any(math.isclose(neighbour, r) for r in first):
+                first.append(neighbour)  # first at the shortest rung: worse there closes the side cheaply
+                if loss_at(neighbour, RACE_RUNGS[0]) is None:
+                    state.wanted = [(neighbour, RACE_RUNGS[0])]
+                    return state
+                continue
             active = sorted({*active, neighbour})
-        judged = [r for r in (best / SPACING, best * SPACING) if loss_at(r, rung) is not None]
-        state.rungs[rung] = sorted({*active, *judged})  # a neighbour however it was recorded
         state.best[rung] = best
         active = carried(best)
+    for rung in RACE_RUNGS[:-1]:  # the frontier's point there: the best of all the race ran there
+        state.best[rung] = min(state.rungs[rung], key=lambda r: (loss_at(r, rung), r))
     winner = state.best[RACE_RUNGS[-1]]
     for budget in (b for b in BUDGETS if b > RACE_RUNGS[-1]):
         state.best[budget] = winner
@@ -415,7 +431,10 @@ def rules() -> list[tuple[str, str]]:
         ("rungs where rates are raced", ", ".join(f"{b:g}" for b in RACE_RUNGS)),
         ("carried from one rung to the next", f"the best and the rate below it (/{SPACING:g})"),
         ("after the last rung", "the winner alone, to the full budget"),
-        ("widening while the best sits at an edge", f"x{SPACING:g} a step, at most {MAX_WIDENINGS} a side"),
+        (
+            "widening while the best sits at an edge",
+            f"x{SPACING:g} a step, at most {MAX_WIDENINGS} a side; upwards only at the last rung",
+        ),
         ("a method's centre", centre),
         ("reading rule", f"every verdict at {READ_AT:g} of the budget, seeds paired, fixed before looking"),
         ("band", band),
