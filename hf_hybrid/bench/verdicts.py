@@ -266,7 +266,9 @@ def _plain_part(planner: Planner, row: RunRow) -> str:
     if row.seed != planner.first:
         return "other_seeds"
     separate = planner.decisions.mode == "separate"
+    own_schedule = RunSpec.from_dict(row.spec).schedule.get("lr_scheduler_type") != WSD
+    if own_schedule and not separate:  # before the next test: both are separate runs of a quarter
+        return "schedule_check"
     if row.kind == SEPARATE and row.budget == SAME_TRAJECTORY_BUDGET and not separate:
         return SAME_TRAJECTORY_REFERENCE
-    own_schedule = RunSpec.from_dict(row.spec).schedule.get("lr_scheduler_type") != WSD
-    return "schedule_check" if own_schedule and planner.decisions.mode != "separate" else "race"
+    return "race"

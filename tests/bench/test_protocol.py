@@ -48,11 +48,47 @@ def test_after_the_last_rung_the_winner_alone_goes_on_to_the_full_budget():
     assert state.rate == 2.0
 
 
-def test_a_best_rate_at_an_edge_widens_by_the_spacing_on_that_side():
-    falling = {0.25: {1.0: 2.8, 2.0: 2.7, 4.0: 2.6}}
-    assert rules.race([1.0, 2.0, 4.0], table(falling)).wanted == [(8.0, 0.25)]
+def test_a_best_rate_at_the_bottom_edge_widens_down_at_every_rung():
     rising = {0.25: {1.0: 2.6, 2.0: 2.7, 4.0: 2.8}}
     assert rules.race([1.0, 2.0, 4.0], table(rising)).wanted == [(0.5, 0.25)]
+
+
+def test_a_best_rate_at_the_top_edge_of_a_shorter_rung_is_carried_without_widening():
+    # a shorter budget favours a larger rate: x4 at the top of 1/4 says little about the full budget
+    falling = {0.25: {1.0: 2.8, 2.0: 2.7, 4.0: 2.6}}
+    state = rules.race([1.0, 2.0, 4.0], table(falling))
+    assert state.wanted == [(2.0, 0.5), (4.0, 0.5)] and state.untuned == {}
+
+
+def test_at_the_last_rung_the_rate_above_runs_first_at_the_first_rung():
+    falling = {0.25: {1.0: 2.8, 2.0: 2.7, 4.0: 2.6}, 0.5: {2.0: 2.5, 4.0: 2.4}}
+    state = rules.race([1.0, 2.0, 4.0], table(falling))
+    assert state.wanted == [(8.0, 0.25)] and state.rungs[0.25] == [1.0, 2.0, 4.0, 8.0]
+
+
+def test_the_rate_above_worse_at_the_first_rung_closes_the_side_there():
+    known = {0.25: {1.0: 2.8, 2.0: 2.7, 4.0: 2.6, 8.0: 2.65}, 0.5: {2.0: 2.5, 4.0: 2.4}}
+    state = rules.race([1.0, 2.0, 4.0], table(known))
+    assert state.decided and state.rate == 4.0 and state.rungs[0.5] == [2.0, 4.0]
+
+
+def test_the_rate_above_better_at_the_first_rung_runs_at_the_last_rung_too():
+    known = {0.25: {1.0: 2.8, 2.0: 2.7, 4.0: 2.6, 8.0: 2.55}, 0.5: {2.0: 2.5, 4.0: 2.4}}
+    state = rules.race([1.0, 2.0, 4.0], table(known))
+    assert state.wanted == [(8.0, 0.5)]
+    known[0.5][8.0] = 2.45
+    state = rules.race([1.0, 2.0, 4.0], table(known))
+    assert state.decided and state.rate == 4.0
+    assert state.best[0.25] == 8.0  # the frontier's 1/4 point: the best the race ran there
+
+
+def test_the_race_reads_only_the_points_it_asked_for():
+    """A record of an earlier rule (x8 widened at 1/4, x16 too) is read as a fresh race: the points it
+    did not ask for neither close a side nor join a rung, so the re-read costs what a fresh race does."""
+    known = {0.25: {1.0: 2.8, 2.0: 2.7, 4.0: 2.6, 8.0: 2.5, 16.0: 2.9}, 0.5: {2.0: 2.5, 4.0: 2.4}}
+    state = rules.race([1.0, 2.0, 4.0], table(known))
+    assert state.wanted == [(8.0, 0.5)]  # x8 was asked for at 1/4 and won there: it runs at 1/2
+    assert 16.0 not in state.rungs[0.25]
 
 
 def test_a_rate_below_the_best_that_was_not_run_at_this_rung_is_run_there():
@@ -71,8 +107,8 @@ def test_a_best_rate_still_at_the_edge_after_the_widenings_is_untuned():
     falling = {b: {r: 5.0 - r / 100 for r in (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)} for b in (0.25, 0.5)}
     state = rules.race([1.0, 2.0, 4.0], table(falling), widen=1)
     assert state.decided
-    assert state.best[0.25] == 8.0
-    assert "x8 is the highest tried after 1 widening(s)" in state.untuned[0.25]
+    assert state.best[0.5] == 8.0 and state.rungs[0.5] == [2.0, 4.0, 8.0]
+    assert "x8 is the highest tried after 1 widening(s)" in state.untuned[0.5]
 
 
 def test_a_tie_goes_to_the_smaller_rate():
@@ -268,8 +304,8 @@ def test_the_docs_print_the_rules_of_the_code():
 def test_a_changed_constant_changes_the_rules_the_docs_and_the_race(monkeypatch):
     monkeypatch.setattr(rules, "SPACING", 3.0)
     assert "x3 a step" in rules.rules_markdown() and rules.rules_markdown() not in DOCS.read_text()
-    falling = {0.25: {1.0: 2.8, 3.0: 2.7, 9.0: 2.6}}
-    assert rules.race([1.0, 3.0, 9.0], table(falling)).wanted == [(27.0, 0.25)]
+    rising = {0.25: {1.0: 2.6, 3.0: 2.7, 9.0: 2.8}}
+    assert rules.race([1.0, 3.0, 9.0], table(rising)).wanted == [(1 / 3, 0.25)]
     monkeypatch.setattr(rules, "FIRST_RATES", (0.25, 1.0, 4.0))
     assert rules.Protocol().lr_multipliers == (0.25, 1.0, 4.0)
     assert rules.first_grid(1.0) == [0.25, 1.0, 4.0]
