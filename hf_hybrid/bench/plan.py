@@ -147,7 +147,7 @@ class Planner(Chains):
 
     def _schedule_check(self) -> bool:
         """The trunk's branch at `SCHEDULE_CHECK_AT` against a run of that budget in the task's own schedule
-        at the same rate (a quarter of a run, where the full budget would cost a whole one); True when the
+        at the same rate (half a run, where the full budget would cost a whole one); True when the
         trunk is worse beyond `Z` paired standard errors (every run then falls back to separate runs)."""
         if self.protocol.schedule != "wsd" or not self.protocol.schedule_check:
             return False

@@ -186,9 +186,9 @@ def test_the_schedule_check_runs_once_at_one_rate_and_keeps_the_trunk(tmp_path):
         tmp_path, ["plain"], lambda m, r, b, s: plain_loss(r, b, s), seeds=(0,), schedule_check=True
     )
     checks = [k for k in executor.ran if "separate linear" in k]
-    assert len(checks) == 1 and "lr 0.002 " in checks[0] and "0-50 of 50" in checks[0]  # a quarter
+    assert len(checks) == 1 and "lr 0.002 " in checks[0] and "0-100 of 100" in checks[0]  # half the budget
     assert data["decisions"]["mode"] == "wsd" and data["decisions"]["schedule_check"]["fallback"] is False
-    assert data["plain"]["cost_plain_runs"]["schedule_check"] == pytest.approx(0.25)
+    assert data["plain"]["cost_plain_runs"]["schedule_check"] == pytest.approx(0.5)
 
 
 def test_a_trunk_branch_recorded_without_its_per_example_losses_is_measured_again_for_the_check(tmp_path):
