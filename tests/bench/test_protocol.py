@@ -82,6 +82,12 @@ def test_the_rate_above_better_at_the_first_rung_runs_at_the_last_rung_too():
     assert state.best[0.25] == 8.0  # the frontier's 1/4 point: the best the race ran there
 
 
+def test_a_race_of_one_rung_widens_upwards_there(monkeypatch):
+    monkeypatch.setattr(rules, "RACE_RUNGS", (0.25,))
+    falling = {0.25: {1.0: 2.8, 2.0: 2.7, 4.0: 2.6}}
+    assert rules.race([1.0, 2.0, 4.0], table(falling)).wanted == [(8.0, 0.25)]
+
+
 def test_the_race_reads_only_the_points_it_asked_for():
     """A record of an earlier rule (x8 widened at 1/4, x16 too) is read as a fresh race: the points it
     did not ask for neither close a side nor join a rung, so the re-read costs what a fresh race does."""
