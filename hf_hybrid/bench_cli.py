@@ -192,7 +192,8 @@ def _tool_flags(bench: argparse.ArgumentParser) -> None:
         help="measure instead what a loss spike costs: each method (default: plain and the hybrid trainer "
         "with its spike guard on) clean and with each fault injected at mid-run (default: lr_burst garbage "
         "shuffled_labels; the controls skip_clean_2 skip_clean_5 skip the optimizer step of as many clean "
-        "batches, what the guard's skip costs by itself), seeds 0 1 2 unless --seeds, at the task's learning "
+        "batches, what the guard's skip costs by itself; replay_clean_2 replay_clean_5 train those steps on "
+        "the clean batches just before them again), seeds 0 1 2 unless --seeds, at the task's learning "
         "rate unless --learning_rate",
     )
     faults.add_argument(

@@ -36,7 +36,8 @@ def test_an_unknown_fault_is_refused_naming_the_known_ones(tmp_path, capsys):
     assert main(argv) == 2
     assert (
         "unknown fault 'meteor'; faults: ['lr_burst', 'garbage', 'shuffled_labels'], "
-        "controls: ['skip_clean_2', 'skip_clean_5']" in capsys.readouterr().err
+        "controls: ['skip_clean_2', 'skip_clean_5', 'replay_clean_2', 'replay_clean_5']"
+        in capsys.readouterr().err
     )
 
 
@@ -127,3 +128,25 @@ def test_a_skip_control_leaves_weights_and_optimizer_state_alone_in_its_window_o
     assert same(10, 11) and same(11, 12)
     assert not same(9, 10) and not same(12, 13)
     assert states.at[12][2] != states.at[10][2]  # the schedule went on
+
+
+def test_a_replay_control_trains_its_window_on_the_batches_just_before_it(tmp_path):
+    """`replay_clean_2` (20 steps: the window is steps 10 and 11, 0-based) trains them on the batches of
+    steps 8 and 9 again, and every other step on its own batch."""
+    from helpers import plain_trainer
+
+    from hf_hybrid.bench.measure.faults import inject
+
+    trainer = plain_trainer(tmp_path, max_steps=20)
+    inject(trainer, fault_window("replay_clean_2", 20), seed=0)
+    seen: dict[int, torch.Tensor] = {}
+    compute = trainer.compute_loss
+
+    def compute_loss(model, inputs, *args, **kwargs):
+        seen[trainer.state.global_step] = inputs["input_ids"].clone()
+        return compute(model, inputs, *args, **kwargs)
+
+    trainer.compute_loss = compute_loss
+    trainer.train()
+    assert torch.equal(seen[10], seen[8]) and torch.equal(seen[11], seen[9])
+    assert not torch.equal(seen[9], seen[8]) and not torch.equal(seen[12], seen[10])

@@ -2,10 +2,12 @@
 
 Faults at mid-run: `lr_burst` (the rate x30 for 3 steps), `garbage` (2 batches of random tokens),
 `shuffled_labels` (5 batches whose labels are permuted across rows). Each arm runs clean and faulted on
-every seed. Two controls, asked for by name, are no fault: `skip_clean_2` and `skip_clean_5` skip the
+every seed. Controls, asked for by name, are no fault: `skip_clean_2` and `skip_clean_5` skip the
 optimizer step of 2 (5) clean batches in the garbage (shuffled labels) window, which is what the guard
 does to the faulted ones: what skipping costs by itself, the scale below which "worse than plain" on a
-data fault cannot be told from the skip. With `eval_points` > 1 each fault is also read where the
+data fault cannot be told from the skip. `replay_clean_2` and `replay_clean_5` train the window's steps
+on the clean batches just before it, again: what a guard that put recent clean data in a blamed batch's
+place would keep of the steps a skip loses. With `eval_points` > 1 each fault is also read where the
 clean plain run's eval loss is lowest (on a task that overfits, wasted steps lower every arm's final loss).
 """
 
@@ -27,7 +29,9 @@ from ..runner import run_trial
 from ..task import BenchTask
 
 FAULTS = ("lr_burst", "garbage", "shuffled_labels")
-CONTROLS = ("skip_clean_2", "skip_clean_5")
+SKIPS = ("skip_clean_2", "skip_clean_5")
+REPLAYS = ("replay_clean_2", "replay_clean_5")
+CONTROLS = SKIPS + REPLAYS
 LR_FACTOR, LR_STEPS = 30.0, 3
 GARBAGE_STEPS, SHUFFLED_STEPS = 2, 5
 CLEAN = "clean"
@@ -55,6 +59,8 @@ def fault_window(kind: str, max_steps: int) -> FaultWindow:
         "shuffled_labels": SHUFFLED_STEPS,
         "skip_clean_2": GARBAGE_STEPS,
         "skip_clean_5": SHUFFLED_STEPS,
+        "replay_clean_2": GARBAGE_STEPS,
+        "replay_clean_5": SHUFFLED_STEPS,
     }[kind]
     return FaultWindow(kind, max_steps // 2, length)
 
@@ -118,9 +124,11 @@ def inject(trainer: Trainer, window: FaultWindow, seed: int) -> Trainer:
     if window.kind == "lr_burst":
         trainer.add_callback(LearningRateBurst(window))
         return trainer
-    if window.kind in CONTROLS:
+    if window.kind in SKIPS:
         trainer.add_callback(SkippedSteps(window))
         return trainer
+    if window.kind in REPLAYS:
+        return _replay_before(trainer, window)
     generator = torch.Generator().manual_seed(seed)
     vocab = trainer.model.config.vocab_size if hasattr(trainer.model, "config") else 256
     original = trainer.training_step
@@ -128,6 +136,28 @@ def inject(trainer: Trainer, window: FaultWindow, seed: int) -> Trainer:
     def training_step(self: Trainer, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
         if window.covers(self.state.global_step):
             inputs = corrupt(inputs, window.kind, generator, vocab)
+        return original(model, inputs, num_items_in_batch)
+
+    trainer.training_step = types.MethodType(training_step, trainer)
+    return trainer
+
+
+def _replay_before(trainer: Trainer, window: FaultWindow) -> Trainer:
+    """The window's steps train on the `window.steps` batches just before it, in their order (each with
+    its own item count, which a token-averaged loss divides by)."""
+    if trainer.args.gradient_accumulation_steps != 1:
+        raise ValueError("the replay controls replay whole optimizer steps: gradient_accumulation_steps 1")
+    recent: list[tuple[dict[str, Any], Any]] = []
+    original = trainer.training_step
+
+    def training_step(self: Trainer, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        step = self.state.global_step
+        if window.covers(step):
+            inputs, num_items_in_batch = recent[step - window.start]
+        elif step < window.start:
+            kept = {k: v.clone() if torch.is_tensor(v) else v for k, v in inputs.items()}
+            recent.append((kept, num_items_in_batch))
+            del recent[: -window.steps]
         return original(model, inputs, num_items_in_batch)
 
     trainer.training_step = types.MethodType(training_step, trainer)
