@@ -180,8 +180,8 @@ def race(grid: Sequence[float], loss_at: LossAt, widen: int | None = None) -> Ra
                 )
                 break
             first = state.rungs[RACE_RUNGS[0]]
-            shorter = rung != RACE_RUNGS[0]
-            if side == "above" and shorter and not any(math.isclose(neighbour, r) for r in first):
+            has_shorter = rung != RACE_RUNGS[0]
+            if side == "above" and has_shorter and not any(math.isclose(neighbour, r) for r in first):
                 first.append(neighbour)  # first at the shortest rung: worse there closes the side cheaply
                 if loss_at(neighbour, RACE_RUNGS[0]) is None:
                     state.wanted = [(neighbour, RACE_RUNGS[0])]

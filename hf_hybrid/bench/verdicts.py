@@ -267,7 +267,7 @@ def _plain_part(planner: Planner, row: RunRow) -> str:
         return "other_seeds"
     separate = planner.decisions.mode == "separate"
     own_schedule = RunSpec.from_dict(row.spec).schedule.get("lr_scheduler_type") != WSD
-    if own_schedule and not separate:  # before the next test: both are separate runs of a quarter
+    if own_schedule and not separate:  # first: a check at the reference's budget is a separate run too
         return "schedule_check"
     if row.kind == SEPARATE and row.budget == SAME_TRAJECTORY_BUDGET and not separate:
         return SAME_TRAJECTORY_REFERENCE

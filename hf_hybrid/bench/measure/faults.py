@@ -154,10 +154,9 @@ def _replay_before(trainer: Trainer, window: FaultWindow) -> Trainer:
         step = self.state.global_step
         if window.covers(step):
             inputs, num_items_in_batch = recent[step - window.start]
-        elif step < window.start:
+        elif window.start - window.steps <= step < window.start:  # only the batches it will replay
             kept = {k: v.clone() if torch.is_tensor(v) else v for k, v in inputs.items()}
             recent.append((kept, num_items_in_batch))
-            del recent[: -window.steps]
         return original(model, inputs, num_items_in_batch)
 
     trainer.training_step = types.MethodType(training_step, trainer)
