@@ -59,6 +59,7 @@ def run_summary(stats: Mapping[str, Any]) -> str:
             + (f" at step {', '.join(map(str, stats['restore_steps']))}" if restores else "")
             + f", {len(batches)} bad batch{'es' if len(batches) != 1 else ''} skipped"
             + (f" at step {', '.join(map(str, batches))}" if batches else "")
+            + (f" ({stats['replays']} trained on a clean batch instead)" if stats.get("replays") else "")
             + f", {len(taken_back)} outsized update{'s' if len(taken_back) != 1 else ''} taken back"
             + (f" at step {', '.join(map(str, taken_back))}" if taken_back else "")
             + f" ({stats['spike_skipped_steps']} batches skipped in all; copies in "

@@ -21,6 +21,7 @@ from transformers.integrations import WandbCallback
 
 from .args import HybridArgumentsMixin, upcast_training_args
 from .checkpoint import EngineCheckpoints, last_complete_checkpoint
+from .clean_batches import Batch, RecentCleanBatches
 from .console import guard_line, install_console
 from .engine.config import EngineConfig
 from .engine.engine import HybridEngine, StepOutcome, StepPlan
@@ -161,6 +162,8 @@ class HybridHFTrainer(_PredictedSteps):
         self.hybrid_timeline: list[dict[str, Any]] = []
         self.guard_plan: StoragePlan | None = None  # where the spike guard's copies live, and why
         self._step_batches: list[tuple[nn.Module, dict[str, Any], Any]] = []  # this step's micro-batches
+        self._step_rng: tuple[torch.Tensor, torch.Tensor | None] | None = None  # the RNG as the step began
+        self.clean_batches: RecentCleanBatches | None = None  # what the guard trains on instead of a skip
         self.checkpoints = EngineCheckpoints(args.hybrid_restart_engine, rename=hybrid_name)
         if self.hybrid_args.hybrid_enabled:
             self.add_callback(HybridStepCallback(self))
@@ -248,6 +251,8 @@ class HybridHFTrainer(_PredictedSteps):
             if checkpoint is None
             else self.checkpoints.restore(self.engine, checkpoint, config.schedule.warmup_steps)
         )
+        if checkpoint is not None and self.clean_batches is not None:
+            self.clean_batches.load(checkpoint, self.args.process_index, self.accelerator.device)
         self.optimizer = HybridOptimizer(
             self.optimizer,
             self.engine,
@@ -286,7 +291,14 @@ class HybridHFTrainer(_PredictedSteps):
             max_update_ratio=args.hybrid_guard_max_update_ratio if plan.update_check else 0.0,
         )
         copies = (_CheckpointCopy(self), _CheckpointCopy(self)) if plan.storage == "checkpoint" else None
-        return SpikeGuard(self.optimizer, config, suspect_loss=self._suspect_loss, copies=copies)
+        self.clean_batches = RecentCleanBatches(self._step_inputs, self._train_step_on)
+        return SpikeGuard(
+            self.optimizer,
+            config,
+            suspect_loss=self._suspect_loss,
+            copies=copies,
+            clean_batches=self.clean_batches,
+        )
 
     def _suspect_loss(self) -> float | None:
         """This step's loss at the live weights, measured again as training measured it without a gradient,
@@ -297,6 +309,22 @@ class HybridHFTrainer(_PredictedSteps):
         with torch.random.fork_rng(devices=cuda), torch.no_grad():
             total = torch.stack([self._measure_again(*batch) for batch in self._step_batches]).sum()
         return float(self._mean_over_ranks(total))
+
+    def _step_inputs(self) -> list[Batch]:
+        return [(inputs, num_items) for _, inputs, num_items in self._step_batches]
+
+    def _train_step_on(self, batches: list[Batch]) -> None:
+        """This step's gradients made again from `batches` as the loop makes them (forward and backward of
+        each micro-batch, clipped), the random state first put back to the step's start: the step the
+        plain Trainer would have run on those batches (on batches of the same shapes, the same dropout)."""
+        model = self._step_batches[0][0]
+        model.zero_grad()
+        if self._step_rng is not None:
+            _set_rng_state(self._step_rng)
+        for inputs, num_items in batches:
+            super().training_step(model, inputs, num_items)
+        if self.args.max_grad_norm is not None and self.args.max_grad_norm > 0:
+            self._clip_grad_norm(model)
 
     def _measure_again(self, model: nn.Module, inputs: dict[str, Any], num_items: Any) -> torch.Tensor:
         model.train()
@@ -315,6 +343,8 @@ class HybridHFTrainer(_PredictedSteps):
         with timer.part("trainer"):
             plan = self.optimizer.plan  # opened on the step's first micro-batch (`on_step_begin`)
             if plan.phase.runs_backward:
+                if self.engine.spike_guard.params and not self._step_batches:
+                    self._step_rng = _rng_state()
                 with timer.outside():
                     loss = super().training_step(model, inputs, num_items_in_batch)
                 if self.engine.spike_guard.params:  # references only: the guard may measure them again
@@ -358,6 +388,8 @@ class HybridHFTrainer(_PredictedSteps):
                 self.callback_handler.pop_callback(type(self.checkpoints.callback))
                 self.add_callback(self.checkpoints.callback)
             self.checkpoints.save(self.engine, self.hybrid_timeline, output_dir, self.args.should_save)
+            if self.clean_batches is not None:
+                self.clean_batches.save(output_dir, self.args.process_index)
 
     # ---- what users see -------------------------------------------------------------------------
 
@@ -492,6 +524,18 @@ def _loss_probe(trainer: HybridHFTrainer) -> Callable[[], float]:
         return float(loss)
 
     return probe
+
+
+def _rng_state() -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The generators dropout draws from: the CPU's and the current CUDA device's."""
+    return torch.random.get_rng_state(), torch.cuda.get_rng_state() if torch.cuda.is_available() else None
+
+
+def _set_rng_state(state: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+    cpu, cuda = state
+    torch.random.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda)
 
 
 class _CheckpointCopy(NoCopy):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import re
 import shutil
+import types
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,7 @@ def _state(trainer: Any) -> dict[str, Any]:
             for p in params
         ],
         "schedule": trainer.lr_scheduler.last_epoch,
-        "trusted": trainer.engine.spike_guard.trusted.step,
+        "trusted": trainer.engine.spike_guard.trusted.step if isinstance(trainer, HybridHFTrainer) else None,
     }
 
 
@@ -167,27 +168,49 @@ def test_large_copies_are_spaced_by_their_size(tmp_path, capsys):
     assert len(said) == 1 and "every 80 steps" in said[0], said
 
 
+def _fed_again(trainer: Any, at: int, source: int) -> Any:
+    """The plain loop's step `at` (0-based) trains on the micro-batch of step `source` again."""
+    kept: dict[str, Any] = {}
+    original = trainer.training_step
+
+    def training_step(self: Any, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        if self.state.global_step == source:
+            kept["batch"] = (inputs, num_items_in_batch)
+        if self.state.global_step == at:
+            inputs, num_items_in_batch = kept["batch"]
+        return original(model, inputs, num_items_in_batch)
+
+    trainer.training_step = types.MethodType(training_step, trainer)
+    return trainer
+
+
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_a_skipped_step_changes_no_weight_and_no_optimizer_state(tmp_path, lora, caplog):
+def test_a_blamed_batch_s_step_trains_on_the_last_clean_batch(tmp_path, lora, caplog):
     """Random tokens in steps 51-52: each batch is blamed (as bad at the trusted weights). The first is
     under twice the level on this barely trained model, so it is left alone as a hard batch would be;
-    the second in a row is a run of bad batches, its update never applied: weights and every
-    optimizer-state tensor bit-identical to before the step, the learning-rate schedule one step on (it
-    follows the step count, as in every phase)."""
-    model = _lora_on_a_trained_base(tmp_path) if lora else None
-    trainer = hybrid_trainer(tmp_path / "run", model=model, max_steps=60, **GUARD)
+    the second in a row is a run of bad batches: its batch is skipped and the step trains on the newest
+    clean batch, step 50's, again. The run is the plain Trainer's whose step 52 was fed step 50's batch,
+    bit for bit (dropout included: the replay draws what the step would have drawn), to the last step."""
+    models = [_lora_on_a_trained_base(tmp_path / f"base{i}") if lora else None for i in range(2)]
+    trainer = hybrid_trainer(tmp_path / "run", model=models[0], max_steps=60, **GUARD)
     snapshots = _watched(trainer, GARBAGE)
     with caplog.at_level(logging.WARNING, logger="hf_hybrid"):
         trainer.train()
     stats = trainer.hybrid_stats()
-    assert _actions(trainer, "skip") == [52] == stats["skip_steps"]
-    assert stats["blamed_data"] == 2 and stats["restores"] == 0
+    assert _actions(trainer, "skip") == [52] == stats["skip_steps"] == stats["replay_steps"]
+    assert stats["blamed_data"] == 2 and stats["restores"] == 0 and stats["replays"] == 1
     assert not _equal(snapshots.at[51], snapshots.at[50])  # the first bad batch: left alone
-    before, after = snapshots.at[51], snapshots.at[52]
-    assert _equal(before, after), "step 52 was skipped but changed the weights or optimizer state"
-    assert after["schedule"] == before["schedule"] + 1
-    assert not _equal(snapshots.at[53], snapshots.at[52])  # the next, clean step trains
-    assert sum(": skip: " in r.message for r in caplog.records if r.levelno == logging.WARNING) == 1
+    assert snapshots.at[52]["schedule"] == snapshots.at[51]["schedule"] + 1
+    plain = plain_trainer(tmp_path / "plain", model=models[1], max_steps=60)
+    inject(plain, FaultWindow("garbage", 50, 1), seed=0)  # the same random tokens in step 51
+    _fed_again(plain, at=51, source=49)
+    plain_snapshots = _watched(plain)
+    plain.train()
+    assert _equal(snapshots.at[52], plain_snapshots.at[52]) and _equal(
+        snapshots.at[60], plain_snapshots.at[60]
+    )
+    warned = [r.message for r in caplog.records if r.levelno == logging.WARNING and ": skip: " in r.message]
+    assert len(warned) == 1 and "trained the step on the clean batches of step 50" in warned[0], warned
 
 
 @pytest.mark.parametrize("optim", ["adamw_torch", "adamw_bnb_8bit"])
@@ -343,6 +366,28 @@ def test_the_guard_resumes_and_restores_what_the_uninterrupted_run_does(tmp_path
     ]
     assert decided[0] == decided[1]  # the engine's bytes are as last counted: at another step after a resume
     assert _same_weights(resumed.model, whole.model)
+
+
+def test_a_resumed_run_trains_blamed_steps_on_the_batches_the_uninterrupted_run_does(tmp_path):
+    """A checkpoint at step 45, random tokens in steps 51-57: the steps blamed after the first train on
+    the batches of steps 50 down to 45 (newest first); step 45's only the checkpoint holds (one file per
+    rank). The resumed run ends with the uninterrupted run's weights and every decision, bit for bit."""
+    args = {**GUARD, "max_steps": 60, "save_strategy": "steps", "save_steps": 45}
+    garbage = FaultWindow("garbage", 50, 7)
+    whole = hybrid_trainer(tmp_path / "whole", **args)
+    inject(whole, garbage, seed=0)
+    whole.train()
+    assert whole.hybrid_stats()["replay_steps"] == [52, 53, 54, 55, 56, 57]
+    checkpoint = tmp_path / "whole" / "checkpoint-45"
+    assert (checkpoint / "hybrid_clean_batches_rank0.pt").is_file()
+    resumed = hybrid_trainer(tmp_path / "whole", **args)
+    inject(resumed, garbage, seed=0)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    decided = [
+        {k: v for k, v in counters(run.hybrid_stats()).items() if "engine_" not in k}
+        for run in (resumed, whole)
+    ]
+    assert decided[0] == decided[1] and _same_weights(resumed.model, whole.model)
 
 
 def _folder_bytes(folder: Path) -> int:

@@ -27,7 +27,8 @@ class DivergenceLevel(IntEnum):
 class Alarm:
     """One thing that went wrong. `blames_weights=False`: says nothing about the parameters (never a
     rollback); `restorable`: a spike a restore can undo; `skips_step`: the update must not be applied;
-    `takes_back`: it was applied before being judged (skipping puts them back); `spike`: the guard's."""
+    `takes_back`: it was applied before being judged (skipping puts them back); `spike`: the guard's;
+    `replaces_batch`: the step's batch is to blame, so a clean recent batch may train in its place."""
 
     level: DivergenceLevel
     reason: str
@@ -36,6 +37,7 @@ class Alarm:
     skips_step: bool = False
     takes_back: bool = False
     spike: bool = False
+    replaces_batch: bool = False
 
 
 def worst_level(alarms: Iterable[Alarm]) -> DivergenceLevel:

@@ -94,7 +94,7 @@ class HybridEngine:
         self.wakefulness = Wakefulness(self.parts)
         self.learner = Learner(self.parts)
         self.phases = PredictPhases(self.parts, probe)
-        self.recovery = StepRecovery(self.parts, self.phases)
+        self.recovery = StepRecovery(self.parts, self.phases, self.learner)
         self.plan: StepPlan | None = None
         self.step_number = 0  # the caller's number of the current step (`begin_step`), for log lines
 
@@ -193,7 +193,7 @@ class HybridEngine:
         if not applies_update(alarms):  # the recovery rule's SKIP (or a rollback of the open phase)
             if not finite and not skip_nonfinite:  # a GradScaler must see it (it skips it itself)
                 self.learner.real_update(optimizer_step)
-            return self._outcome(phase, loss, False, alarms, self._recover(alarms, phase))
+            return self._outcome(phase, loss, False, alarms, self._recover(alarms, phase, optimizer_step))
         if guarded:
             with self.timer.part("decide"):
                 self.wakefulness.update(self.confidence, self.step_number)
@@ -245,9 +245,12 @@ class HybridEngine:
 
     # ---- recovery: the one place that acts on what went wrong -----------------------------------
 
-    def _recover(self, alarms: list[Alarm], step_phase: Phase) -> RecoveryAction:
-        """Perform the action the step's alarms call for, and log exactly that (`StepRecovery`)."""
-        return self.recovery.act(alarms, step_phase, self.step_number)
+    def _recover(
+        self, alarms: list[Alarm], step_phase: Phase, optimizer_step: Callable[[], None] | None = None
+    ) -> RecoveryAction:
+        """Perform the action the step's alarms call for, and log exactly that (`StepRecovery`);
+        `optimizer_step`: a skipped step's, for a clean batch trained in the blamed one's place."""
+        return self.recovery.act(alarms, step_phase, self.step_number, optimizer_step)
 
     def _outcome(
         self, phase: Phase, loss: float | None, applied: bool, alarms: list[Alarm], action: RecoveryAction
@@ -333,15 +336,23 @@ class HybridEngine:
 class StepRecovery:
     """The one place that acts on what went wrong: performs `recovery.choose_action` and logs exactly that."""
 
-    def __init__(self, parts: EngineParts, phases: PredictPhases) -> None:
+    def __init__(self, parts: EngineParts, phases: PredictPhases, learner: Learner) -> None:
         self.parts = parts
         self.phases = phases
+        self.learner = learner
 
-    def act(self, alarms: list[Alarm], step_phase: Phase, step: int) -> RecoveryAction:
+    def act(
+        self,
+        alarms: list[Alarm],
+        step_phase: Phase,
+        step: int,
+        optimizer_step: Callable[[], None] | None = None,
+    ) -> RecoveryAction:
         """Choose and perform the action for `step`'s alarms (the caller's step number, for the log)."""
         parts = self.parts
         with parts.timer.part("recovery"):
             phase_was_open = self.phases.current is not None
+            replayed: int | None = None
             action = choose_action(
                 alarms,
                 phase_open=phase_was_open,
@@ -362,7 +373,11 @@ class StepRecovery:
                 if any(a.takes_back for a in alarms):
                     self._take_back(step)
                 if any(a.spike for a in alarms):
-                    parts.spike_guard.skipped(step)
+                    replaced = any(a.replaces_batch for a in alarms) and optimizer_step is not None
+                    replayed = parts.spike_guard.skipped(step, replaced)
+                    if replayed is not None and optimizer_step is not None:
+                        with parts.timer.part("spike_guard"):  # the predictors see it in their next look
+                            self.learner.real_update(optimizer_step, look=False)
                 parts.counters.add("skipped_updates")
                 self._force_full()
             elif action is RecoveryAction.FORCE_FULL:
@@ -373,7 +388,7 @@ class StepRecovery:
                 parts.controller.shorten()
             if action is not RecoveryAction.CONTINUE:
                 full_steps = parts.config.schedule.full_steps
-                text, notable = describe(action, alarms, full_steps, phase_was_open)
+                text, notable = describe(action, alarms, full_steps, phase_was_open, replayed)
                 _log_action(step, step_phase, action, text, notable)
         return action
 

@@ -73,9 +73,14 @@ def applies_update(alarms: Iterable[Alarm]) -> bool:
 
 
 def describe(
-    action: RecoveryAction, alarms: Iterable[Alarm], full_steps: int, ended_phase: bool
+    action: RecoveryAction,
+    alarms: Iterable[Alarm],
+    full_steps: int,
+    ended_phase: bool,
+    replayed: int | None = None,
 ) -> tuple[str, bool]:
-    """The log line's account of what was done, and whether it deserves a WARNING (else INFO)."""
+    """The log line's account of what was done, and whether it deserves a WARNING (else INFO);
+    `replayed`: the step whose clean batches a skipped step trained on instead."""
     alarms = list(alarms)
     full = f"{full_steps} FULL steps"
     done = {
@@ -90,6 +95,8 @@ def describe(
     }[action]
     if action is RecoveryAction.SKIP and any(a.takes_back for a in alarms):
         done = f"took the applied update back (weights as before the step), then {full}"
+    elif action is RecoveryAction.SKIP and replayed is not None:
+        done = f"skipped the batch, trained the step on the clean batches of step {replayed}, then {full}"
     skipped = not applies_update(alarms)
     if skipped and action is not RecoveryAction.SKIP:
         done = "skipped the optimizer step; " + done

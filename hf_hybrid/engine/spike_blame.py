@@ -105,7 +105,8 @@ class Blame:
         if culprit == DATA:
             gross = sudden is not None and self.gross(loss)
             if (in_a_row or gross) and can_skip and self.skips_in_a_row < MAX_SKIPS:
-                return [_spike_alarm(f"{why}; the batch is to blame", blames_weights=False, skips_step=True)]
+                blamed = f"{why}; the batch is to blame"
+                return [_spike_alarm(blamed, blames_weights=False, skips_step=True, replaces_batch=True)]
             return []
         self.suspect_hits += 1
         if self.suspect_since is None:

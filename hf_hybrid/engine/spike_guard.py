@@ -4,8 +4,10 @@ is done about it, and only what is to blame is undone.
 What large runs do by hand, on the fly and through the engine's one recovery rule (`recovery.py`):
 copies of the weights and optimizer state every `every` clean steps (`copy_schedule.py`); a spike
 detector (`spike_detector.py`); blame before acting (`spike_blame.py`: bad data skipped, damaged weights
-restored); outsized updates taken back (`update_check.py`). Everything it decides is a function of the
-values it is given and a checkpoint's state, never of a timing, so a resumed run decides alike. Numbers:
+restored); outsized updates taken back (`update_check.py`). A blamed batch's step is trained on a
+clean batch of the steps just before it (`CleanBatches`, the caller's), so a skip loses no step.
+Everything it decides is a function of the values it is given and a checkpoint's state, never of a
+timing, so a resumed run decides alike. Numbers:
 `benchmarks/README.md`, "The spike guard".
 """
 
@@ -14,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -27,7 +29,20 @@ from .update_check import ExcursionCopy, UpdateCheck
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SpikeGuard", "SpikeGuardConfig"]
+__all__ = ["CleanBatches", "SpikeGuard", "SpikeGuardConfig"]
+
+
+class CleanBatches(Protocol):
+    """The caller's recent clean batches: the guard trains a blamed batch's step on one of them instead
+    of skipping it (a skip loses the step; fault bench: replay leaves 0.18-0.25 of plain's damage on
+    shuffled labels, the skip 0.6-0.7)."""
+
+    def keep(self, step: int) -> None:
+        """`step` was applied and its batches were clean: keep them (the newest `MAX_SKIPS` steps')."""
+
+    def train_on(self, back: int) -> int | None:
+        """This step's gradients made again from the `back`-th newest kept step's batches, clipped as the
+        loop clips; that step's number (None: fewer kept, the gradients untouched)."""
 
 
 class SpikeGuard:
@@ -43,9 +58,11 @@ class SpikeGuard:
         *,
         suspect_loss: Callable[[], float | None] | None = None,
         copies: tuple[CopyStore, CopyStore] | None = None,
+        clean_batches: CleanBatches | None = None,
     ) -> None:
         """`config.enabled=False` (or no optimizer): a guard that judges and holds nothing. `suspect_loss()`:
-        this step's batches' loss at the live weights, without a gradient (None: it cannot be)."""
+        this step's batches' loss at the live weights, without a gradient (None: it cannot be). Without
+        `clean_batches` a blamed batch's step is skipped."""
         self.config = config or SpikeGuardConfig()
         self.optimizer = optimizer
         groups = [] if optimizer is None or not self.config.enabled else optimizer.param_groups
@@ -54,6 +71,7 @@ class SpikeGuard:
         stores = copies or host_copies(self.config)
         self.copies = CopySchedule(self.params, optimizer, stores, self.config.every, self.config.trust_after)
         self.blame = Blame(self.config, self.detector, self.copies, self.params, suspect_loss)
+        self.clean_batches = clean_batches
         self.update_check = UpdateCheck(
             self.params,
             max_ratio=self.config.max_update_ratio if self.config.storage == "host" else 0.0,
@@ -65,6 +83,7 @@ class SpikeGuard:
         self.restore_steps: list[int] = []
         self.skip_steps: list[int] = []
         self.taken_back_steps: list[int] = []
+        self.replay_steps: list[int] = []
         self.skipped_steps = 0
         self.capped_at: int | None = None  # the step of the last refusal, logged once per window
         self.step_grad_norm: float | None = None
@@ -118,11 +137,19 @@ class SpikeGuard:
         """Put back the weights of before an applied update the recovery rule skips (or its excursion)."""
         self.taken_back_steps += self.update_check.take_back()
 
-    def skipped(self, step: int) -> None:
-        """The recovery rule skipped this step's update (the batch was blamed)."""
+    def skipped(self, step: int, replace: bool = False) -> int | None:
+        """The recovery rule skipped this step's update. `replace` (the batch was blamed): the i-th skip in
+        a row makes the step's gradients from the i-th newest clean step's batches, for the caller to
+        apply; that step's number (None: nothing replaces the batch)."""
         self.blame.skips_in_a_row += 1
         self.skip_steps.append(step)
         self.skipped_steps += 1
+        if not replace or self.clean_batches is None:
+            return None
+        source = self.clean_batches.train_on(self.blame.skips_in_a_row)
+        if source is not None:
+            self.replay_steps.append(step)
+        return source
 
     def observe(self, step: int, loss: float | None, grad_norm: float | None) -> None:
         """An applied step joins the recent window; a clean one earns trust for the pending copy or takes
@@ -130,6 +157,8 @@ class SpikeGuard:
         if not self.params or not _finite(loss, grad_norm):
             return
         self.detector.add(loss, grad_norm, step)
+        if self.clean_batches is not None and not self.blame.fired:
+            self.clean_batches.keep(step)
         if self.blame.applied():
             self.copies.advance(step)
 
@@ -228,6 +257,8 @@ class SpikeGuard:
             "restore_steps": list(self.restore_steps),
             "skips": len(self.skip_steps),
             "skip_steps": list(self.skip_steps),
+            "replays": len(self.replay_steps),
+            "replay_steps": list(self.replay_steps),
             "spike_guard_bytes": self.nbytes(),
             "spike_guard_copy_every": self.copies.every if on else None,
             "blamed_data": self.blame.blames[DATA],
@@ -248,6 +279,7 @@ class SpikeGuard:
             **self.blame.state_dict(),
             "restore_steps": list(self.restore_steps),
             "skip_steps": list(self.skip_steps),
+            "replay_steps": list(self.replay_steps),
             "skipped_steps": self.skipped_steps,
             "update_check": self.update_check.state_dict(),
             "taken_back_steps": list(self.taken_back_steps),
@@ -258,6 +290,7 @@ class SpikeGuard:
         self.detector.load_state_dict(state["detector"])
         self.restore_steps = [int(s) for s in state["restore_steps"]]
         self.skip_steps = [int(s) for s in state.get("skip_steps", [])]
+        self.replay_steps = [int(s) for s in state.get("replay_steps", [])]
         self.skipped_steps = int(state["skipped_steps"])
         self.blame.load_state_dict(state)
         if "update_check" in state:  # saved before the check existed: it starts afresh

@@ -34,7 +34,9 @@ class Loop:
     """A small MLP regression with AdamW at lr 1e-2, every step through the engine; the learning rate
     x100 in the `burst` steps, random targets x10 in the `garbage` steps (1-based)."""
 
-    def __init__(self, guard: SpikeGuardConfig | None, blame: bool = True, sgd: bool = False) -> None:
+    def __init__(
+        self, guard: SpikeGuardConfig | None, blame: bool = True, sgd: bool = False, replay: bool = False
+    ) -> None:
         torch.manual_seed(0)
         self.model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 1))
         kind = torch.optim.SGD if sgd else torch.optim.AdamW
@@ -44,7 +46,8 @@ class Loop:
         self.guard = None
         if guard is not None:
             measure = self.suspect_loss if blame else None
-            self.guard = SpikeGuard(self.optimizer, guard, suspect_loss=measure)
+            clean = KeptBatches(self) if replay else None
+            self.guard = SpikeGuard(self.optimizer, guard, suspect_loss=measure, clean_batches=clean)
         params = dict(self.model.named_parameters())
         self.engine = HybridEngine(params, NEVER_PREDICT, self.optimizer, spike_guard=self.guard)
         self.actions: dict[int, RecoveryAction] = {}
@@ -71,10 +74,13 @@ class Loop:
         keep: bool = False,
         base_lr: float = 1e-2,
         burst_lr: float = 1.0,
+        fed: dict[int, int] | None = None,
     ) -> Loop:
+        """`fed`: steps that train on another step's batch."""
         for step in steps:
             self.engine.begin_step(step)
-            batch = torch.arange(step * 32, step * 32 + 32) % 512
+            source = (fed or {}).get(step, step)
+            batch = torch.arange(source * 32, source * 32 + 32) % 512
             x, y = self.x[batch], self.y[batch]
             if step in garbage:
                 y = 10 * torch.randn(y.shape, generator=torch.Generator().manual_seed(step))
@@ -103,6 +109,25 @@ class Loop:
     def eval(self) -> float:
         with torch.no_grad():
             return float(self._loss(self.x[512:], self.y[512:]))
+
+
+class KeptBatches:
+    """The loop's `CleanBatches`: the newest clean batches, trained on as the loop trains."""
+
+    def __init__(self, loop: Loop) -> None:
+        self.loop = loop
+        self.kept: list[tuple[int, tuple[torch.Tensor, torch.Tensor]]] = []
+
+    def keep(self, step: int) -> None:
+        self.kept = [*self.kept, (step, self.loop.batches[-1])][-MAX_SKIPS:]
+
+    def train_on(self, back: int) -> int | None:
+        if back > len(self.kept):
+            return None
+        step, batch = self.kept[-back]
+        self.loop.optimizer.zero_grad()
+        self.loop._loss(*batch).backward()
+        return step
 
 
 def _same(a: tuple[list[torch.Tensor], dict], b: tuple[list[torch.Tensor], dict]) -> bool:
@@ -249,6 +274,33 @@ def test_a_bad_batch_is_blamed_skipped_and_changes_nothing() -> None:
     for step in (60, 61):
         assert _same(loop.before[step], loop.after[step])
     assert not _same(loop.before[62], loop.after[62])  # the next, clean step is applied
+
+
+def test_blamed_batches_steps_train_on_the_newest_clean_batches_newest_first() -> None:
+    """Random targets in steps 60-61, both gross: step 60 trains on step 59's batch, step 61 on step 58's
+    (the i-th skip in a row on the i-th newest clean step), bit for bit the plain loop fed those batches;
+    the predictor's watch takes the replayed update as a real one (no phase ever opens here)."""
+    loop = Loop(SpikeGuardConfig(every=10), replay=True).run(range(1, 101), garbage=range(60, 62), keep=True)
+    stats = loop.engine.stats()
+    assert stats["skip_steps"] == [60, 61] == stats["replay_steps"] and stats["replays"] == 2
+    plain = Loop(None).run(range(1, 101), fed={60: 59, 61: 58}, keep=True)
+    assert all(_same(loop.after[s], plain.after[s]) for s in (60, 61, 100))
+    assert not _same(loop.before[60], loop.after[60])
+
+
+def test_a_replay_is_said_and_only_a_blamed_batch_is_replaced(caplog: pytest.LogCaptureFixture) -> None:
+    """The skip's warning names the step whose batches were trained on; a non-finite step and an outsized
+    update are skipped or taken back, never replaced (their batch is not to blame)."""
+    loop = Loop(SpikeGuardConfig(every=10), replay=True).run(range(1, 81))
+    with caplog.at_level(logging.WARNING, logger="hf_hybrid"):
+        loop.run(range(81, 84), garbage=range(82, 83))
+    said = [r.message for r in caplog.records if ": skip: " in r.message]
+    assert len(said) == 1 and "trained the step on the clean batches of step 81" in said[0], said
+    loop.run(range(84, 90), burst=range(85, 86))
+    nan = float("nan")
+    loop.run(range(90, 92), loss_of=lambda step, loss: loss * nan if step == 91 else loss)
+    stats = loop.engine.stats()
+    assert stats["replay_steps"] == [82] and 85 in stats["taken_back_steps"] and 91 not in stats["skip_steps"]
 
 
 @pytest.mark.parametrize(("hard", "skipped"), [(range(81, 84), []), (range(81, 87), [84])])

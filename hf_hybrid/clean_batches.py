@@ -1,0 +1,75 @@
+"""The micro-batches of the newest clean steps, which the spike guard trains on in a blamed batch's place.
+
+A skipped step loses its progress; the fault bench's controls showed that training the step on a recent
+clean batch instead keeps most of it (`benchmarks/README.md`, "The spike guard"). The batches are the
+loop's own, kept by reference for `MAX_SKIPS` steps (a skip in a row past that is not made), and written
+into each checkpoint, one file per rank, so a resumed run trains on the same ones.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .engine.spike_blame import MAX_SKIPS
+
+logger = logging.getLogger(__name__)
+
+Batch = tuple[dict[str, Any], Any]  # one micro-batch's inputs and its `num_items_in_batch`
+
+
+def file_name(rank: int) -> str:
+    return f"hybrid_clean_batches_rank{rank}.pt"
+
+
+class RecentCleanBatches:
+    """The spike guard's `CleanBatches`: `current()` gives the step's micro-batches, `train(batches)` makes
+    the step's gradients from others (the trainer's, which knows the loop)."""
+
+    def __init__(
+        self,
+        current: Callable[[], list[Batch]],
+        train: Callable[[list[Batch]], None],
+        capacity: int = MAX_SKIPS,
+    ) -> None:
+        self.current = current
+        self.train = train
+        self.kept: deque[tuple[int, list[Batch]]] = deque(maxlen=capacity)
+
+    def keep(self, step: int) -> None:
+        self.kept.append((step, self.current()))
+
+    def train_on(self, back: int) -> int | None:
+        if not 1 <= back <= len(self.kept):
+            return None
+        step, batches = self.kept[-back]
+        self.train(batches)
+        return step
+
+    def save(self, folder: str | Path, rank: int) -> None:
+        """This rank's kept batches into the checkpoint folder (plain dicts: loadable with weights only)."""
+        kept = [
+            {"step": step, "batches": [{"inputs": dict(inputs), "num_items": n} for inputs, n in batches]}
+            for step, batches in self.kept
+        ]
+        torch.save(kept, Path(folder) / file_name(rank))
+
+    def load(self, folder: str | Path, rank: int, device: torch.device | str) -> None:
+        """The kept batches of a checkpoint; one saved before they were kept starts with none (said)."""
+        path = Path(folder) / file_name(rank)
+        self.kept.clear()
+        if not path.is_file():
+            logger.info(
+                "hf_hybrid: %s has no %s: the spike guard keeps clean batches from the first resumed step",
+                folder,
+                path.name,
+            )
+            return
+        for entry in torch.load(path, map_location=device, weights_only=True):
+            batches = [(batch["inputs"], batch["num_items"]) for batch in entry["batches"]]
+            self.kept.append((int(entry["step"]), batches))
