@@ -1,6 +1,7 @@
 """The spike guard on parameters sharded over two gloo ranks (FSDP2's `fully_shard`): the update check
 samples each rank's own shards and sums the norms' squares over the ranks, so both ranks judge every
-update alike and take an lr burst back shard by shard; their decisions are one process's."""
+update alike and take an lr burst back shard by shard; their decisions are one process's. Under DDP a
+blamed batch's step trains on each rank's own clean batches, every rank alike."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ pytestmark = pytest.mark.distributed
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "programs" / "guard_ranks_run.py"
+TRAINER_SCRIPT = ROOT / "tests" / "programs" / "distributed_run.py"
 
 
 def _run(cmd: list[str], out: Path) -> None:
@@ -36,3 +38,17 @@ def test_two_sharded_ranks_take_an_lr_burst_back_alike(tmp_path: Path) -> None:
     assert stats["update_check"] and stats["taken_back_steps"] == [41, 42, 43]
     for key in ("taken_back_steps", "update_check_copies", "unjudged_updates", "spike_guard_copy_every"):
         assert stats[key] == alone["stats"][key], key
+
+
+def test_two_ddp_ranks_train_a_blamed_step_on_their_own_clean_batches_alike(tmp_path: Path) -> None:
+    """Random tokens in steps 51-52 on both ranks (each its own): the second is blamed and each rank
+    makes the step's gradient from its own batch of step 50, all-reduced as any step's: both ranks
+    decide alike and end with the same weights."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    out = tmp_path / "ddp"
+    _run([*torchrun, str(TRAINER_SCRIPT), "--max-steps", "60", "--garbage", "50", "--out"], out)
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    decided = [{k: v for k, v in rank["stats"].items() if k != "timing"} for rank in ranks]
+    assert ranks[0]["world_size"] == 2 and decided[0] == decided[1]
+    assert decided[0]["replay_steps"] == [52]
+    assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"]

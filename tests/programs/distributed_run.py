@@ -36,6 +36,7 @@ from helpers import SaveAt, hybrid_trainer, step_logs, tiny_gpt2  # noqa: E402
 from teardown import leave_process_group  # noqa: E402
 
 import hf_hybrid.checkpoint as checkpoint_module  # noqa: E402
+from hf_hybrid.bench.measure.faults import FaultWindow, inject  # noqa: E402
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,6 +47,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--save-at-kinds", action="store_true", help="save mid-predict and at a CORRECT step")
     parser.add_argument("--resume", default=None, help="checkpoint folder to resume from")
     parser.add_argument("--no-use-cpu", action="store_true", help="use_cpu=False (the GPUs, where there are)")
+    parser.add_argument("--garbage", type=int, default=None, help="random tokens from this step, 2 steps")
     return parser.parse_args(argv)
 
 
@@ -94,6 +96,7 @@ def recorded_engine_saves(trainer: Any) -> Iterator[list[dict[str, Any]]]:
 
 def run(opts: argparse.Namespace) -> dict[str, Any]:
     save = {"save_strategy": "steps", "save_steps": 10_000} if opts.save_at_kinds else {"save_strategy": "no"}
+    guard = {"hybrid_confidence_threshold": 1.0, "hybrid_guard_every": 5} if opts.garbage is not None else {}
     trainer = hybrid_trainer(
         opts.out,
         model=dropout_free_gpt2(),
@@ -101,7 +104,10 @@ def run(opts: argparse.Namespace) -> dict[str, Any]:
         per_device_train_batch_size=opts.batch,
         use_cpu=not opts.no_use_cpu,
         **save,
+        **guard,
     )
+    if opts.garbage is not None:  # each rank its own random tokens
+        inject(trainer, FaultWindow("garbage", opts.garbage, 2), seed=trainer.args.process_index)
     saver = SaveAt(trainer)
     if opts.save_at_kinds:
         trainer.add_callback(saver)
