@@ -70,6 +70,8 @@ class RecentCleanBatches:
                 path.name,
             )
             return
-        for entry in torch.load(path, map_location=device, weights_only=True):
+        device = torch.device(device)
+        where = "cpu" if device.type == "cpu" else device  # "cpu:0" names no location torch restores to
+        for entry in torch.load(path, map_location=where, weights_only=True):
             batches = [(batch["inputs"], batch["num_items"]) for batch in entry["batches"]]
             self.kept.append((int(entry["step"]), batches))

@@ -93,6 +93,7 @@ def runs(tmp_path_factory) -> dict[str, Any]:
         "ranks": [_load(sharded, "run", r) for r in (0, 1)],
         "resumed": [_load(sharded, "resume", r) for r in (0, 1)],
         "faults": [_load(sharded, "faults", r) for r in (0, 1)],
+        "garbage": [_load(sharded, "garbage", r) for r in (0, 1)],
         "single": _load(single, "run", 0),
         "dir": sharded,
         "single_dir": single,
@@ -213,6 +214,17 @@ def _script_module() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_a_blamed_step_trains_on_each_rank_s_own_clean_batches_alike(runs):
+    """Random tokens in steps 51-52 on both ranks: the second is blamed, and each rank remakes the step's
+    gradient from its own batch of step 50 through the sharded model; both decide alike (their bytes
+    differ with the shards) and end with the same gathered weights."""
+    ranks = runs["garbage"]
+    assert all(rank["sharded"] for rank in ranks)
+    decided = [{k: v for k, v in rank["stats"].items() if "bytes" not in k} for rank in ranks]
+    assert decided[0] == decided[1] and decided[0]["replay_steps"] == [52]
+    assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"]
 
 
 def test_another_world_size_is_refused_in_one_process(runs, tmp_path):

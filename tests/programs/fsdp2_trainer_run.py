@@ -18,6 +18,8 @@ the expensive part), each writing DIR/<scenario>_rank{R}.json:
 - `resume` (with `--fsdp`): a new trainer resumed from that checkpoint to step 40;
 - `faults` (with `--fsdp`): a predicted update that is NaN on rank 1's shards only, in the first predict
   step: what the engine did on each rank, and whether the weights moved.
+- `garbage` (with `--fsdp`): 60 steps, random tokens in steps 51-52 on every rank (each its own): what
+  the spike guard did on each rank (a blamed step trains on each rank's own clean batches).
 - `restart` (with `--fsdp` and `--restart-from CHECKPOINT`, launched on another number of ranks than
   the one that saved it): `train(resume_from_checkpoint=...)` first as is (refused: what it said, and
   whether any forward or step ran), then with `hybrid_restart_engine=True` to `--steps`.
@@ -49,6 +51,7 @@ from teardown import leave_process_group  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback  # noqa: E402
 
 from hf_hybrid import HybridHFTrainer  # noqa: E402
+from hf_hybrid.bench.measure.faults import FaultWindow, inject  # noqa: E402
 from hf_hybrid.engine.phases import Phase  # noqa: E402
 from hf_hybrid.engine.predictor import EMAPredictor  # noqa: E402
 from hf_hybrid.engine.sharding import local  # noqa: E402
@@ -70,7 +73,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lora", action="store_true", help="a peft LoRA model (r=4 on c_attn)")
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--no-use-cpu", action="store_true", help="use_cpu=False (the GPUs)")
-    parser.add_argument("--scenarios", default="run,resume,faults")
+    parser.add_argument("--scenarios", default="run,resume,faults,garbage")
     parser.add_argument("--no-save", action="store_true", help="the `run` scenario saves no checkpoint")
     parser.add_argument("--restart-from", help="the checkpoint of the `restart` scenario")
     return parser.parse_args(argv)
@@ -237,6 +240,15 @@ def faults_scenario(opts: argparse.Namespace) -> dict[str, Any]:
     return {"rank": rank, "world_size": size, "event": watch.event, "phases": describe(trainer)["phases"]}
 
 
+def garbage_scenario(opts: argparse.Namespace) -> dict[str, Any]:
+    longer = argparse.Namespace(**{**vars(opts), "steps": 60})
+    guard = {"hybrid_confidence_threshold": 1.0, "hybrid_guard_every": 5}
+    trainer = trainer_for(longer, os.path.join(opts.out, "garbage"), **guard)
+    inject(trainer, FaultWindow("garbage", 50, 2), seed=trainer.args.process_index)
+    trainer.train()
+    return describe(trainer)
+
+
 class Activity(TrainerCallback):
     """Forward passes and optimizer steps run by a trainer."""
 
@@ -280,6 +292,7 @@ SCENARIOS = {
     "run": run_scenario,
     "resume": resume_scenario,
     "faults": faults_scenario,
+    "garbage": garbage_scenario,
     "restart": restart_scenario,
 }
 
