@@ -130,7 +130,8 @@ class HybridArgumentsMixin:
         "auto",
         "Judge every real step's loss before its update is applied. A spike is blamed first: "
         "its batch is measured again at the guard's copy of the weights; bad data (as bad there) is "
-        "skipped and its step trained on a recent clean batch instead, damaged weights that do not come back by themselves within a few steps are restored "
+        "skipped and its step trained on a recent clean batch instead, damaged weights that do not "
+        "come back by themselves within a few steps are restored "
         "from the copy (weights and optimizer state; the batches since skipped); an outsized update "
         "that did harm is taken back. Every action is a warning, a hybrid/* metric, a timeline mark and "
         "a summary line. auto (the default): on whenever its copies fit (hybrid_guard_storage), off "

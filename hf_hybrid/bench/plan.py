@@ -17,6 +17,7 @@ inputs are decided so that workers are not left idle:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -143,7 +144,11 @@ class Planner(Chains):
             row = self.point(method, self.first, rate, budget)
             return None if row is None else row.loss
 
-        return rules.race(grid, loss_at, self.protocol.widen)
+        def paired_se(rate: float, other: float, budget: float) -> float:
+            rows = self.point(method, self.first, rate, budget), self.point(method, self.first, other, budget)
+            return math.inf if None in rows else self.paired_se(*rows)
+
+        return rules.race(grid, loss_at, self.protocol.widen, paired_se)
 
     def _schedule_check(self) -> bool:
         """The trunk's branch at `SCHEDULE_CHECK_AT` against a run of that budget in the task's own schedule

@@ -15,7 +15,9 @@ The rules, in the order a task meets them:
   `SPACING` on the open side, at most `MAX_WIDENINGS` times a side, and an edge after that is *untuned*;
   the grid widens upwards only at the last rung (a shorter budget favours a larger rate, so a best at the
   top of a short rung says little about the full budget), and the rate above runs first at the first
-  rung, where doing worse than the best closes that side for a quarter of the price;
+  rung, where doing no better than the best closes that side for a quarter of the price (no better: a
+  loss not lower by more than `Z` paired standard errors, as a larger rate that only ties on a short
+  budget loses on a longer one);
   from one rung to the next go on the best and the rate below it; after the last rung the winner alone
   goes on to the full budget (its ¾ branch is plain's frontier point there).
 - **The centre**: plain's is the base rate (the task's, the user's, or a range test's); a method's is
@@ -75,6 +77,8 @@ WINS, LOSES, TIES, UNRESOLVED, UNTUNED = "wins", "loses", "ties", "unresolved", 
 
 # (rate, budget) -> the eval loss of that point, or None while it has not run
 LossAt = Callable[[float, float], "float | None"]
+# (rate, other rate, budget) -> the paired standard error of their eval-loss difference there (inf: unknown)
+PairedSE = Callable[[float, float, float], float]
 
 
 @dataclass(frozen=True)
@@ -132,25 +136,32 @@ def carried(best: float) -> list[float]:
     return [best / SPACING, best]
 
 
-def open_side(best: float, rung: float, loss_at: LossAt) -> str | None:
+def open_side(best: float, rung: float, loss_at: LossAt, paired_se: PairedSE | None = None) -> str | None:
     """Which side of `best` is not yet shown worse ("below", "above"), or None when it is interior: the
     rate below ran at this rung and did worse, the rate above did no better here or at a shorter rung
-    (a tie goes to the smaller rate, so an equal rate above closes the side: the optimum lies between)."""
+    (a tie goes to the smaller rate, so an equal rate above closes the side: the optimum lies between;
+    at a shorter rung, within `Z` paired standard errors is equal)."""
     here = loss_at(best, rung)
     below_loss = loss_at(best / SPACING, rung)
     if below_loss is None or below_loss <= here:
         return "below"
     for shorter in (b for b in RACE_RUNGS if b <= rung):
         above, mine = loss_at(best * SPACING, shorter), loss_at(best, shorter)
-        if above is not None and mine is not None and above >= mine:
+        if above is None or mine is None:
+            continue
+        margin = Z * paired_se(best * SPACING, best, shorter) if paired_se and shorter < rung else 0.0
+        if above >= mine - margin:
             return None
     return "above"
 
 
-def race(grid: Sequence[float], loss_at: LossAt, widen: int | None = None) -> Race:
+def race(
+    grid: Sequence[float], loss_at: LossAt, widen: int | None = None, paired_se: PairedSE | None = None
+) -> Race:
     """Walk the rungs in order as far as the known points allow; what is missing is `wanted`. The lowest
     eval loss wins a rung (the smaller rate on a tie). The race reads only the points it asked for, so a
-    record holding more (an earlier rule's runs) is read as a fresh race would be, and costs as much."""
+    record holding more (an earlier rule's runs) is read as a fresh race would be, and costs as much.
+    `paired_se`: the noise within which a larger rate ties at a shorter rung (None: exact ties only)."""
     widen = MAX_WIDENINGS if widen is None else widen
     state = Race()
     low, high = min(grid) / SPACING**widen, max(grid) * SPACING**widen
@@ -169,7 +180,7 @@ def race(grid: Sequence[float], loss_at: LossAt, widen: int | None = None) -> Ra
                 state.wanted = missing
                 return state
             best = min(active, key=lambda r: (loss_at(r, rung), r))
-            side = open_side(best, rung, asked)
+            side = open_side(best, rung, asked, paired_se)
             if side is None or (side == "above" and rung != RACE_RUNGS[-1]):
                 break  # a shorter budget favours a larger rate: the rate above is tried at the last rung
             neighbour = best / SPACING if side == "below" else best * SPACING
@@ -435,6 +446,11 @@ def rules() -> list[tuple[str, str]]:
         (
             "widening while the best sits at an edge",
             f"x{SPACING:g} a step, at most {MAX_WIDENINGS} a side; upwards only at the last rung",
+        ),
+        (
+            "the rate above the last rung's best",
+            f"first at {RACE_RUNGS[0]:g}: no better there than the best (within {Z:g} paired standard "
+            "errors) closes the side",
         ),
         ("a method's centre", centre),
         ("reading rule", f"every verdict at {READ_AT:g} of the budget, seeds paired, fixed before looking"),

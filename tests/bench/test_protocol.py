@@ -82,6 +82,26 @@ def test_the_rate_above_better_at_the_first_rung_runs_at_the_last_rung_too():
     assert state.best[0.25] == 8.0  # the frontier's 1/4 point: the best the race ran there
 
 
+def test_the_rate_above_better_at_the_first_rung_only_within_the_noise_closes_the_side():
+    # x8 beats x4 at 1/4 by 0.05: two paired standard errors of 0.03 (0.06) hold that tie, so a larger
+    # rate that only ties on a short budget is not run at the longer one; at 0.02 the win is real
+    known = {0.25: {1.0: 2.8, 2.0: 2.7, 4.0: 2.6, 8.0: 2.55}, 0.5: {2.0: 2.5, 4.0: 2.4}}
+    noisy = rules.race([1.0, 2.0, 4.0], table(known), paired_se=lambda a, b, budget: 0.03)
+    assert noisy.decided and noisy.rate == 4.0 and noisy.rungs[0.5] == [2.0, 4.0]
+    quiet = rules.race([1.0, 2.0, 4.0], table(known), paired_se=lambda a, b, budget: 0.02)
+    assert quiet.wanted == [(8.0, 0.5)]
+
+
+def test_at_the_rung_itself_only_an_exact_tie_closes_the_side():
+    # x4 ran at 1/2 and is 0.01 better than x2 there: the noise is no tie at the rung that decides
+    known = {0.25: {1.0: 2.8, 2.0: 2.7, 4.0: 2.75}, 0.5: {1.0: 2.5, 2.0: 2.4}}
+    state = rules.race([1.0, 2.0, 4.0], table(known), paired_se=lambda a, b, budget: 1.0)
+    assert state.decided and state.rate == 2.0  # x4 closed at 1/4 (worse there), not by the noise
+    assert rules.open_side(2.0, 0.5, table({0.5: {1.0: 2.5, 2.0: 2.4, 4.0: 2.39}}), lambda a, b, c: 1.0) == (
+        "above"
+    )
+
+
 def test_a_race_of_one_rung_widens_upwards_there(monkeypatch):
     monkeypatch.setattr(rules, "RACE_RUNGS", (0.25,))
     falling = {0.25: {1.0: 2.8, 2.0: 2.7, 4.0: 2.6}}
