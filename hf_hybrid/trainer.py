@@ -266,7 +266,7 @@ class HybridHFTrainer(_PredictedSteps):
     def _build_spike_guard(self, params: dict[str, torch.Tensor]) -> SpikeGuard | None:
         """The spike guard `hybrid_spike_guard` asks for, its copies where they fit (`guard_storage`)."""
         args = self.hybrid_args
-        self.guard_plan = None
+        self.guard_plan, self.clean_batches = None, None
         if args.hybrid_spike_guard == "off":
             return None
         tensors = list(params.values())
