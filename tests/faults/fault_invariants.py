@@ -132,7 +132,8 @@ class _Watcher(TrainerCallback):
         return problems
 
     def _guard_problems(self, where: str, guard: Any, action: str) -> list[str]:
-        """A step the spike guard skipped changed nothing; a restore put back exactly the trusted copy."""
+        """A step the spike guard skipped changed nothing, unless a clean batch trained in its batch's place
+        (then the weights moved); a restore put back exactly the trusted copy."""
         before = self.engine_before["guard"]
         if before is None:
             return []
@@ -140,9 +141,14 @@ class _Watcher(TrainerCallback):
         state = self.trainer.optimizer.state_dict()["state"]
         if len(guard.skip_steps) > before["skips"]:
             self.owner.actions_checked["spike_skip"] += 1
-            if any(not torch.equal(b, p) for b, p in zip(before["params"], guard.params, strict=True)):
+            moved = any(not torch.equal(b, p) for b, p in zip(before["params"], guard.params, strict=True))
+            if len(guard.replay_steps) > before["replays"]:
+                self.owner.actions_checked["spike_replay"] += 1
+                if not moved:
+                    problems.append(f"{where}: a step trained on a clean batch left the weights as they were")
+            elif moved:
                 problems.append(f"{where}: a skipped step changed the weights")
-            if not same_optimizer_state(self.before, state):
+            elif not same_optimizer_state(self.before, state):
                 problems.append(f"{where}: a skipped step changed the optimizer state")
         if action == "restore":
             self.owner.actions_checked["spike_restore"] += 1
@@ -162,6 +168,7 @@ def _guard_view(guard: Any) -> dict[str, Any] | None:
         return None
     return {
         "skips": len(guard.skip_steps),
+        "replays": len(guard.replay_steps),
         "params": [p.detach().clone() for p in guard.params],
         "copies": {
             id(store): {"params": [t.clone() for t in store.params], "state": copy.deepcopy(store.state)}
