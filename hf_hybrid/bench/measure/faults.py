@@ -226,8 +226,8 @@ def _row(arm: str, fault: str, seed: int, result: Any) -> dict[str, Any]:
     """What the record keeps of one run: its eval loss and curve, time and memory, the guard's actions."""
     stats = result.stats
     guard_share = stats.get("timing", {}).get("parts", {}).get("spike_guard")
-    kept = ("restores", "spike_skipped_steps", "skips", "spike_guard_bytes")
-    listed = ("restore_steps", "taken_back_steps")
+    kept = ("restores", "spike_skipped_steps", "skips", "replays", "spike_guard_bytes")
+    listed = ("restore_steps", "taken_back_steps", "replay_steps")
     return {
         "arm": arm,
         "fault": fault,
