@@ -9,6 +9,7 @@ into each checkpoint, one file per rank, so a resumed run trains on the same one
 from __future__ import annotations
 
 import logging
+import pickle
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -57,7 +58,17 @@ class RecentCleanBatches:
             {"step": step, "batches": [{"inputs": dict(inputs), "num_items": n} for inputs, n in batches]}
             for step, batches in self.kept
         ]
-        torch.save(kept, Path(folder) / file_name(rank))
+        path = Path(folder) / file_name(rank)
+        try:
+            torch.save(kept, path)
+        except (AttributeError, TypeError, pickle.PicklingError) as error:  # an object pickle cannot take
+            path.unlink(missing_ok=True)
+            logger.warning(
+                "hf_hybrid: the spike guard's kept batches are not in %s (%s): a run resumed from it keeps "
+                "clean batches from its first step",
+                folder,
+                error,
+            )
 
     def load(self, folder: str | Path, rank: int, device: torch.device | str) -> None:
         """The kept batches of a checkpoint; one saved before they were kept starts with none (said)."""
@@ -72,6 +83,17 @@ class RecentCleanBatches:
             return
         device = torch.device(device)
         where = "cpu" if device.type == "cpu" else device  # "cpu:0" names no location torch restores to
-        for entry in torch.load(path, map_location=where, weights_only=True):
+        try:
+            saved = torch.load(path, map_location=where, weights_only=True)
+        except (RuntimeError, pickle.UnpicklingError) as error:  # inputs holding more than tensors and lists
+            logger.warning(
+                "hf_hybrid: %s cannot be read back (%s): the spike guard keeps clean batches from the first "
+                "resumed step, so a blamed batch right after this resume is skipped where the uninterrupted "
+                "run would have trained its step on a kept one",
+                path,
+                str(error).splitlines()[0],
+            )
+            return
+        for entry in saved:
             batches = [(batch["inputs"], batch["num_items"]) for batch in entry["batches"]]
             self.kept.append((int(entry["step"]), batches))

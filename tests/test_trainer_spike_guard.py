@@ -549,3 +549,31 @@ def test_a_default_run_says_at_its_start_where_the_guard_s_copies_live(tmp_path,
     trainer.train()
     started = [line for line in capsys.readouterr().out.splitlines() if "spike guard on" in line]
     assert len(started) == 1 and "host memory" in started[0], started
+
+
+def _untrained(batches: Any) -> None:
+    raise AssertionError("nothing is trained here")
+
+
+def test_kept_batches_that_cannot_be_saved_or_read_back_are_said_and_nothing_fails(tmp_path, caplog):
+    """Inputs holding more than tensors and lists (objects of the user's collator): one pickle cannot take
+    is not saved, one weights-only loading refuses is not loaded; each is a warning, and the run resumed
+    from that checkpoint starts with no kept batch (its blamed steps skipped until it keeps some)."""
+    from fractions import Fraction
+
+    from hf_hybrid.clean_batches import RecentCleanBatches
+
+    for tag, said in ((lambda: None, "are not in"), (Fraction(1, 3), "cannot be read back")):
+        folder = tmp_path / said.replace(" ", "_")
+        folder.mkdir()
+        kept = RecentCleanBatches(
+            lambda t=tag: [({"input_ids": torch.ones(2, 3), "tag": t}, None)], _untrained
+        )
+        kept.keep(5)
+        again = RecentCleanBatches(lambda: [], _untrained)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="hf_hybrid"):
+            kept.save(folder, rank=0)
+            again.load(folder, rank=0, device="cpu")
+        assert len(again.kept) == 0 and again.train_on(1) is None
+        assert any(said in r.message for r in caplog.records), [r.message for r in caplog.records]
