@@ -46,6 +46,7 @@ LOGGED_STATS = (
     "rollbacks",
     "restores",
     "skips",
+    "replays",
     "updates_taken_back",
     "skipped_updates",
     "predictor_bytes",
