@@ -8,7 +8,8 @@ Every source of trouble reports an `Alarm` (`alarm.py`); `choose_action` maps a 
     WARNING or CRITICAL  -> ROLLBACK: a predict phase is open, an alarm blames its weights, a snapshot exists;
                             RESTORE: no phase is open, a loss spike, and the spike guard can restore;
                             SKIP: an alarm says the update must not be applied (a non-finite gradient,
-                            a spike blamed on the batch; applied already: taken back);
+                            a spike blamed on the batch, whose step then trains on a kept clean batch
+                            where the guard has one; applied already: taken back);
                             FORCE_FULL otherwise (an open phase ends as failed, weights untouched).
 Every action but CONTINUE and SHORTEN_HORIZON then forces `full_steps` FULL steps. Whether a real step's
 update is applied at all is `applies_update`, read off the same alarms before the optimizer runs.
