@@ -9,6 +9,7 @@ into each checkpoint, one file per rank, so a resumed run trains on the same one
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 from collections import deque
 from collections.abc import Callable
@@ -59,10 +60,13 @@ class RecentCleanBatches:
             for step, batches in self.kept
         ]
         path = Path(folder) / file_name(rank)
+        path.parent.mkdir(parents=True, exist_ok=True)  # another rank may not have made the folder yet
+        partial = path.with_name(path.name + ".tmp")
         try:
-            torch.save(kept, path)
+            torch.save(kept, partial)
+            os.replace(partial, path)  # a run killed while saving leaves no half-written file
         except (AttributeError, TypeError, pickle.PicklingError) as error:  # an object pickle cannot take
-            path.unlink(missing_ok=True)
+            partial.unlink(missing_ok=True)
             logger.warning(
                 "hf_hybrid: the spike guard's kept batches are not in %s (%s): a run resumed from it keeps "
                 "clean batches from its first step",
