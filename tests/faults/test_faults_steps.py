@@ -151,6 +151,25 @@ def test_learning_rate_set_absurdly_high(tmp_path, invariants, phase):
     assert all(math.isfinite(r["loss"]) for r in timeline if r["loss"] is not None)
 
 
+def _guarded_garbage_run(tmp_path, invariants) -> dict:
+    """The guard on, random tokens in steps 51-53; the invariants verified; the run's stats."""
+    from hf_hybrid.bench.measure.faults import FaultWindow, inject
+
+    trainer = invariants.watch(
+        hybrid_trainer(
+            tmp_path,
+            max_steps=80,
+            hybrid_confidence_threshold=1.0,
+            hybrid_spike_guard="on",
+            hybrid_guard_every=5,
+        )
+    )
+    inject(trainer, FaultWindow("garbage", 50, 3), seed=0)
+    trainer.train()
+    invariants.verify()
+    return trainer.hybrid_stats()
+
+
 def test_the_spike_guard_skips_exactly(tmp_path, invariants):
     """With the spike guard on, three batches of random tokens at mid-run (the fault bench's `garbage`)
     are blamed on the data: the first, under twice the level on this barely trained model, is left alone
@@ -160,21 +179,7 @@ def test_the_spike_guard_skips_exactly(tmp_path, invariants):
     restore, exact with Adam and an 8-bit optimizer, is
     `test_trainer_spike_guard.py::test_a_restore_puts_back_the_trusted_copy_exactly`: the bench's x30 is
     a blip on this model that the guard rightly leaves alone.)"""
-    from hf_hybrid.bench.measure.faults import FaultWindow, inject
-
-    trainer = invariants.watch(
-        hybrid_trainer(
-            tmp_path,
-            max_steps=80,
-            hybrid_confidence_threshold=1.0,
-            hybrid_spike_guard="on",
-            hybrid_guard_every=5,
-        )
-    )
-    inject(trainer, FaultWindow("garbage", 50, 3), seed=0)
-    trainer.train()
-    invariants.verify()
-    stats = trainer.hybrid_stats()
+    stats = _guarded_garbage_run(tmp_path, invariants)
     assert stats["skips"] == 2 and invariants.actions_checked["spike_skip"] == 2, stats
     assert stats["replay_steps"] == [52, 53] and invariants.actions_checked["spike_replay"] == 2, stats
 
@@ -182,22 +187,9 @@ def test_the_spike_guard_skips_exactly(tmp_path, invariants):
 def test_a_skip_with_no_clean_batch_kept_changes_nothing(tmp_path, invariants, monkeypatch):
     """With no clean batch kept (none is, here; in a run, more skips in a row than steps kept), the same
     two skipped steps leave every trainable weight and the optimizer state bit-identical."""
-    from hf_hybrid.bench.measure.faults import FaultWindow, inject
     from hf_hybrid.clean_batches import RecentCleanBatches
 
     monkeypatch.setattr(RecentCleanBatches, "keep", lambda self, step: None)
-    trainer = invariants.watch(
-        hybrid_trainer(
-            tmp_path,
-            max_steps=80,
-            hybrid_confidence_threshold=1.0,
-            hybrid_spike_guard="on",
-            hybrid_guard_every=5,
-        )
-    )
-    inject(trainer, FaultWindow("garbage", 50, 3), seed=0)
-    trainer.train()
-    invariants.verify()
-    stats = trainer.hybrid_stats()
+    stats = _guarded_garbage_run(tmp_path, invariants)
     assert stats["skips"] == 2 and invariants.actions_checked["spike_skip"] == 2, stats
     assert stats["replay_steps"] == [] and invariants.actions_checked["spike_replay"] == 0, stats
