@@ -53,6 +53,7 @@ def run_summary(stats: Mapping[str, Any]) -> str:
     ]
     if stats.get("spike_guard"):
         restores, taken_back = stats["restores"], stats.get("taken_back_steps", [])
+        scaled = stats.get("scaled_back_steps", [])
         batches = [step for step in stats["skip_steps"] if step not in taken_back]
         parts.append(
             f"spike guard: {restores} restore{'s' if restores != 1 else ''}"
@@ -62,6 +63,11 @@ def run_summary(stats: Mapping[str, Any]) -> str:
             + (f" ({stats['replays']} trained on a clean batch instead)" if stats.get("replays") else "")
             + f", {len(taken_back)} outsized update{'s' if len(taken_back) != 1 else ''} taken back"
             + (f" at step {', '.join(map(str, taken_back))}" if taken_back else "")
+            + (
+                f", {len(scaled)} of them kept at the last kept rate"
+                if (scaled := stats.get("scaled_back_steps"))
+                else ""
+            )
             + f" ({stats['spike_skipped_steps']} batches skipped in all; copies in "
             + f"{stats['spike_guard_storage']}, {_bytes(stats['spike_guard_bytes'])})"
         )

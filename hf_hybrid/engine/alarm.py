@@ -28,7 +28,8 @@ class Alarm:
     """One thing that went wrong. `blames_weights=False`: says nothing about the parameters (never a
     rollback); `restorable`: a spike a restore can undo; `skips_step`: the update must not be applied;
     `takes_back`: it was applied before being judged (skipping puts them back); `spike`: the guard's;
-    `replaces_batch`: the step's batch is to blame, so a clean recent batch may train in its place."""
+    `replaces_batch`: the step's batch is to blame, so a clean recent batch may train in its place;
+    `scales_back`: a take-back keeps the update at the last kept update's rate."""
 
     level: DivergenceLevel
     reason: str
@@ -38,6 +39,7 @@ class Alarm:
     takes_back: bool = False
     spike: bool = False
     replaces_batch: bool = False
+    scales_back: bool = False
 
 
 def worst_level(alarms: Iterable[Alarm]) -> DivergenceLevel:

@@ -94,7 +94,9 @@ def describe(
         else f"{full} before the next predict phase",
         RecoveryAction.SHORTEN_HORIZON: "halved the predict horizon",
     }[action]
-    if action is RecoveryAction.SKIP and any(a.takes_back for a in alarms):
+    if action is RecoveryAction.SKIP and any(a.scales_back for a in alarms):
+        done = f"kept the applied update at the last kept update's learning rate, then {full}"
+    elif action is RecoveryAction.SKIP and any(a.takes_back for a in alarms):
         done = f"took the applied update back (weights as before the step), then {full}"
     elif action is RecoveryAction.SKIP and replayed is not None:
         done = f"skipped the batch, trained the step on the clean batches of step {replayed}, then {full}"

@@ -67,6 +67,7 @@ class SpikeGuard:
         self.optimizer = optimizer
         groups = [] if optimizer is None or not self.config.enabled else optimizer.param_groups
         self.params = [p for group in groups for p in group["params"] if p.requires_grad]
+        group_of = [i for i, group in enumerate(groups) for p in group["params"] if p.requires_grad]
         self.detector = detector_for(self.config)
         stores = copies or host_copies(self.config)
         self.copies = CopySchedule(self.params, optimizer, stores, self.config.every, self.config.trust_after)
@@ -79,10 +80,12 @@ class SpikeGuard:
             min_history=self.config.min_history,
             suspect_loss=suspect_loss,
             device=self.config.device,
+            groups=group_of,
         )
         self.restore_steps: list[int] = []
         self.skip_steps: list[int] = []
         self.taken_back_steps: list[int] = []
+        self.scaled_back_steps: list[int] = []  # of those, the ones kept at the last kept update's rate
         self.replay_steps: list[int] = []
         self.skipped_steps = 0
         self.capped_at: int | None = None  # the step of the last refusal, logged once per window
@@ -131,11 +134,25 @@ class SpikeGuard:
         if why is None:
             return []
         why = f"outsized update: {why}"
-        return [Alarm(DivergenceLevel.CRITICAL, why, spike=True, skips_step=True, takes_back=True)]
+        scaled = self.update_check.scales is not None
+        return [
+            Alarm(
+                DivergenceLevel.CRITICAL,
+                why,
+                spike=True,
+                skips_step=True,
+                takes_back=True,
+                scales_back=scaled,
+            )
+        ]
 
     def take_back(self, step: int) -> None:
-        """Put back the weights of before an applied update the recovery rule skips (or its excursion)."""
-        self.taken_back_steps += self.update_check.take_back()
+        """Put back the weights of before an applied update the recovery rule skips (or its excursion), or
+        keep it at the last kept update's rate where its rate jumped (`UpdateCheck.take_back`)."""
+        steps, scaled = self.update_check.take_back()
+        self.taken_back_steps += steps
+        if scaled:
+            self.scaled_back_steps += steps
 
     def skipped(self, step: int, replace: bool = False) -> int | None:
         """The recovery rule skipped this step's update. `replace` (the batch was blamed): the i-th skip in
@@ -143,7 +160,8 @@ class SpikeGuard:
         apply; that step's number (None: nothing replaces the batch)."""
         self.blame.skips_in_a_row += 1
         self.skip_steps.append(step)
-        self.skipped_steps += 1
+        if step not in self.scaled_back_steps:  # a step kept at the last kept rate used its batch
+            self.skipped_steps += 1
         if not replace or self.clean_batches is None:
             return None
         source = self.clean_batches.train_on(self.blame.skips_in_a_row)
@@ -266,6 +284,7 @@ class SpikeGuard:
             "update_check": self.update_check.on,
             "updates_taken_back": len(self.taken_back_steps),
             "taken_back_steps": list(self.taken_back_steps),
+            "scaled_back_steps": list(self.scaled_back_steps),
             "largest_update_ratio": self.update_check.largest_ratio,
             "update_check_copies": self.update_check.copies,
             "unjudged_updates": self.update_check.unjudged,
@@ -283,6 +302,7 @@ class SpikeGuard:
             "skipped_steps": self.skipped_steps,
             "update_check": self.update_check.state_dict(),
             "taken_back_steps": list(self.taken_back_steps),
+            "scaled_back_steps": list(self.scaled_back_steps),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -296,6 +316,7 @@ class SpikeGuard:
         if "update_check" in state:  # saved before the check existed: it starts afresh
             self.update_check.load_state_dict(state["update_check"])
         self.taken_back_steps = [int(s) for s in state.get("taken_back_steps", [])]
+        self.scaled_back_steps = [int(s) for s in state.get("scaled_back_steps", [])]
         self.copies.load_state_dict(state)
 
 

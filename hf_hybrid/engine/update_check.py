@@ -1,5 +1,6 @@
 """The update check: an applied update many times the size of the recent ones that did harm is taken
-back (the weights of before the step are put back, as if its update had been clipped to nothing).
+back (the weights of before the step are put back, as if its update had been clipped to nothing), or,
+where its learning rate jumped, kept at the rate of the last kept update.
 
 Why: a few outsized updates can damage the weights by less than the loss's batch noise (an lr x30
 burst on `decoder_lora`: +6% step loss, 1.5 noise units), while the update's size is not noisy (with
@@ -10,6 +11,12 @@ Size alone would also take back a schedule's own jump, so an outsized update is 
   still made it worse has overshot and is taken back at once;
 - otherwise a learning-rate jump opens an *excursion*: back down within `MAX_EXCURSION` steps (a burst)
   and the whole excursion is taken back; still up after that (a schedule's new level) and it stays.
+
+A take-back where the rate jumped keeps the step: with Adam, AdamW's decoupled decay, SGD and their
+8-bit forms the applied update is linear in the rate and the optimizer's state is the same at any rate,
+so the copy plus (live - copy) x kept rate / rate is the step the run takes without the jump (per
+parameter group; for an excursion, the rates summed over its steps). Discarding the step instead cost a
+40-step run 3-4 of its steps, more than the burst itself (`benchmarks/README.md`, "The spike guard").
 
 Per step it costs a sample of the coordinates (`update_sample.py`); the whole weights are copied only on
 a sign (a learning rate over `LR_JUMP`x the last kept one, a gradient norm over `GRAD_JUMP`x the recent
@@ -51,8 +58,11 @@ class UpdateCheck:
         min_history: int,
         suspect_loss: Callable[[], float | None] | None,
         device: str = "cpu",
+        groups: list[int] | None = None,
     ) -> None:
+        """`groups[i]`: the optimizer's parameter group of `params[i]` (None: all in the first)."""
         self.params = params
+        self.groups = groups if groups is not None else [0] * len(params)
         self.max_ratio = max_ratio
         self.min_history = min_history
         self.suspect_loss = suspect_loss
@@ -66,6 +76,9 @@ class UpdateCheck:
         self.excursion: int | None = None  # the first step of an open excursion (its weights copied)
         self.excursion_outsized = False  # an update of the open excursion was over `max_ratio`
         self.undone: tuple[int, int] | None = None  # the excursion's steps a take-back now undoes
+        self.excursion_rates: list[float | None] = []  # per group, the open excursion's rates summed
+        self.excursion_steps = 0
+        self.scales: list[float] | None = None  # per group, the share of the update a take-back keeps
         self.taken = False  # the sample holds the coordinates of before this step's update
         self.copied = False  # the copy holds the weights of before this step's update (or excursion)
         self.copy: list[torch.Tensor] = []
@@ -125,12 +138,15 @@ class UpdateCheck:
             measured = self._paired_losses()
             if measured is not None and measured[0] > measured[1]:
                 after, before = measured
+                jumped = not self._lr_unread() and self._lr_jumped()
+                self.scales = self._scales(self._step[1], 1) if jumped else None
                 return (
                     f"the update is {ratio:.0f}x the median of the recent ones and raised its own batch's "
                     f"loss from {before:.4g} to {after:.4g}"
                 )
         if self.copied and not self._lr_unread() and self._lr_jumped():
             self.excursion, self.excursion_outsized = self._step[0], ratio > self.max_ratio
+            self.excursion_rates, self.excursion_steps = list(self._step[1]), 1
             logger.info(
                 "hf_hybrid: step %d: the learning rate jumped over %gx that of the last kept update (this "
                 "update %.1fx the recent ones): kept while it stays up, taken back whole if it comes down "
@@ -148,12 +164,18 @@ class UpdateCheck:
         step's batch (unseen by it) does worse than before it; else it stays."""
         first, step = self.excursion, self._step[0]
         self.excursion_outsized |= ratio > self.max_ratio
+        self.excursion_rates = [
+            None if total is None or now is None else total + now
+            for total, now in zip(self.excursion_rates, self._step[1], strict=False)
+        ]
+        self.excursion_steps += 1
         if not self._lr_jumped():
             self.excursion = None
             measured = self._paired_losses() if self.excursion_outsized and can_take_back else None
             if measured is None or measured[0] <= measured[1]:
                 return None
             self.undone = (first, step)
+            self.scales = self._scales(self.excursion_rates, self.excursion_steps)
             return (
                 f"the learning rate came back down at step {step} after an excursion from step {first} "
                 f"with updates over {self.max_ratio:g}x the recent ones, and this step's batch does worse "
@@ -166,13 +188,18 @@ class UpdateCheck:
         return None
 
     @torch.no_grad()
-    def take_back(self) -> list[int]:
-        """Put back the weights of before the step (or excursion); returns the steps undone."""
-        self.put_back()
+    def take_back(self) -> tuple[list[int], bool]:
+        """Put back the weights of before the step (or excursion), or, where its rate jumped, keep its
+        update at the last kept update's rate; the steps undone, and whether they were kept so."""
+        scaled = self.scales is not None
+        if scaled:
+            self._scale_back(self.scales)
+        else:
+            self.put_back()
         first, last = self.undone or (self._step[0], self._step[0])
         self.taken = self.copied = False
-        self.undone = None
-        return list(range(first, last + 1))
+        self.undone = self.scales = None
+        return list(range(first, last + 1)), scaled
 
     def before_excursion(self) -> ExcursionCopy | None:
         """The copy of the weights from before the first step of the open excursion, or of the one this
@@ -189,6 +216,21 @@ class UpdateCheck:
         torch._foreach_copy_(self.sample.live, self.copy)
 
     @torch.no_grad()
+    def _scale_back(self, scales: list[float]) -> None:
+        """live = copy + (live - copy) x the share of its group (the update at the kept rate)."""
+        for live, kept, group in zip(self.sample.live, self.copy, self.groups, strict=True):
+            before = kept.to(live.device, non_blocking=kept.is_pinned())
+            live.sub_(before).mul_(scales[group]).add_(before)
+
+    def _scales(self, rates: list[float | None], steps: int) -> list[float] | None:
+        """Per group, the share of the update that `steps` updates at the last kept rate would have made,
+        of the one made at `rates` (summed over those steps); None where a rate is unknown."""
+        kept = self.kept_lrs
+        if len(rates) != len(kept) or any(r is None or k is None for r, k in zip(rates, kept, strict=True)):
+            return None
+        return [min(1.0, steps * k / r) if r > 0 else 1.0 for r, k in zip(rates, kept, strict=True)]
+
+    @torch.no_grad()
     def swap(self) -> None:
         """Exchange the copy's weights with the live ones (twice restores both, bit for bit)."""
         for buf, live in zip(self.copy, self.sample.live, strict=True):
@@ -199,7 +241,7 @@ class UpdateCheck:
     def end_excursion(self) -> None:
         """The weights were replaced or saved (a checkpoint holds no copy): an open excursion ends, and a
         take-back decided for it is moot."""
-        self.excursion = self.undone = None
+        self.excursion = self.undone = self.scales = None
         self.copied = False
 
     def turn_off(self) -> None:

@@ -42,15 +42,19 @@ def _steady(check: UpdateCheck, weights: torch.Tensor) -> None:
     assert check.copies == 0 and check.largest_ratio < 1.01
 
 
-def test_an_lr_jump_is_copied_judged_and_taken_back() -> None:
+def test_an_lr_jump_is_copied_judged_and_kept_at_the_last_kept_rate() -> None:
+    """The update (linear in the rate) is scaled back to what the last kept rate makes of it: the step is
+    kept, at 1/30 of its size, not discarded."""
     check, weights, losses = _check()
     _steady(check, weights)
     before = weights.clone()
     why = _step(check, weights, 100.0, lr=1e-3 * LR_JUMP * 15, grad_ratio=1.0)
     assert why is not None and "100x" in why and check.copies == 1
     assert losses[0] > losses[1]  # after the step, then before it
-    check.take_back()
-    assert torch.equal(weights, before)
+    update = weights - before
+    assert check.take_back() == ([0], True)
+    assert torch.allclose(weights, before + update / (LR_JUMP * 15), rtol=0, atol=1e-6)
+    assert not torch.equal(weights, before)
     # the next burst step is measured against the last kept update's rate: copied again
     assert _step(check, weights, 100.0, lr=1e-3 * LR_JUMP * 15, grad_ratio=1.0) is not None
     assert check.copies == 2
@@ -60,8 +64,38 @@ def test_a_gradient_norm_jump_is_a_sign_too() -> None:
     """Plain SGD: a gradient many times the recent ones makes the update as many times larger."""
     check, weights, _ = _check()
     _steady(check, weights)
+    before = weights.clone()
     assert _step(check, weights, 100.0, lr=1e-3, grad_ratio=GRAD_JUMP * 10) is not None
     assert check.copies == 1 and check.unjudged == 0
+    assert check.take_back() == ([0], False)  # the rate did not jump: the update is taken back whole
+    assert torch.equal(weights, before)
+
+
+def test_only_the_groups_whose_rate_jumped_are_scaled_back() -> None:
+    """Two parameter groups, the first one's rate x30, the second's unchanged: the first group's update
+    is kept at its last kept rate, the second's stays whole."""
+    first, second = torch.zeros(600), torch.zeros(400)
+    check = UpdateCheck(
+        [first, second],
+        max_ratio=10.0,
+        history=50,
+        min_history=HISTORY,
+        suspect_loss=lambda: float(first.norm()),
+        groups=[0, 1],
+    )
+    for step in range(HISTORY + 5):
+        check.take(step, [1e-3, 1e-3], 1.0)
+        first.add_(0.03)
+        second.add_(0.03)
+        assert check.judge() is None
+    before = [first.clone(), second.clone()]
+    check.take(99, [3e-2, 1e-3], 1.0)
+    first.add_(3.0)
+    second.add_(3.0)
+    assert check.judge() is not None
+    assert check.take_back() == ([99], True)
+    assert torch.allclose(first, before[0] + 0.1, rtol=0, atol=1e-6)
+    assert torch.allclose(second, before[1] + 3.0, rtol=0, atol=1e-6)
 
 
 def test_an_outsized_update_without_a_sign_stays_unjudged() -> None:
@@ -86,10 +120,11 @@ def test_an_lr_excursion_whose_updates_fit_their_own_batch_stays_while_the_rate_
     assert check.copies == 1  # the new level gives no sign
 
 
-def test_an_lr_burst_that_comes_back_down_is_taken_back_whole() -> None:
+def test_an_lr_burst_that_comes_back_down_is_taken_back_whole_at_the_kept_rate() -> None:
     """A burst (the rate up for three steps, then back, however it was set) whose updates lowered their own
     batches' losses: when the rate comes back and the batch of that step, which the burst never saw,
-    does worse than at the weights of before the burst, all of it is taken back, that step included."""
+    does worse than at the weights of before the burst, all of it is taken back, that step included, and
+    redone as four steps at the last kept rate would have made it (the update is linear in the rate)."""
     check, weights, _ = _check(raised=False)
     _steady(check, weights)
     before = weights.clone()
@@ -98,8 +133,10 @@ def test_an_lr_burst_that_comes_back_down_is_taken_back_whole() -> None:
     check.raised = True  # the damage shows on the next batch
     why = _step(check, weights, 1.0, lr=1e-3, grad_ratio=1.0, step=4)
     assert why is not None and "came back down at step 4" in why and "from step 1" in why
-    assert check.take_back() == [1, 2, 3, 4]
-    assert torch.equal(weights, before) and check.copies == 1
+    update = weights - before
+    assert check.take_back() == ([1, 2, 3, 4], True)
+    kept_share = 4 * 1e-3 / (3 * 1e-3 * LR_JUMP * 15 + 1e-3)  # four steps at the kept rate, of the rates run
+    assert torch.allclose(weights, before + update * kept_share, rtol=0, atol=1e-6) and check.copies == 1
 
 
 def test_an_open_excursion_lends_its_copy_from_before_the_jump() -> None:
