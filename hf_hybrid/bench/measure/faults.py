@@ -227,7 +227,7 @@ def _row(arm: str, fault: str, seed: int, result: Any) -> dict[str, Any]:
     stats = result.stats
     guard_share = stats.get("timing", {}).get("parts", {}).get("spike_guard")
     kept = ("restores", "spike_skipped_steps", "skips", "replays", "spike_guard_bytes")
-    listed = ("restore_steps", "taken_back_steps", "replay_steps")
+    listed = ("restore_steps", "taken_back_steps", "scaled_back_steps", "replay_steps")
     return {
         "arm": arm,
         "fault": fault,
