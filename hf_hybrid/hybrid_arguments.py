@@ -133,7 +133,7 @@ class HybridArgumentsMixin:
         "skipped and its step trained on a recent clean batch instead, damaged weights that do not "
         "come back by themselves within a few steps are restored "
         "from the copy (weights and optimizer state; the batches since skipped); an outsized update "
-        "that did harm is taken back. Every action is a warning, a hybrid/* metric, a timeline mark and "
+        "that did harm is taken back (kept at the last kept rate where its rate jumped). Every action is a warning, a hybrid/* metric, a timeline mark and "
         "a summary line. auto (the default): on whenever its copies fit (hybrid_guard_storage), off "
         "otherwise; on: always (with no copy that fits it only skips bad batches); off.",
         choices=list(SPIKE_GUARD_MODES),
@@ -161,7 +161,8 @@ class HybridArgumentsMixin:
     )
     hybrid_guard_max_update_ratio: float = help_field(
         _GUARD_DEFAULTS.max_update_ratio,
-        "Take back an update over this many times the recent ones that did harm (0: off).",
+        "Take back an update over this many times the recent ones that did harm; where its learning "
+        "rate jumped, keep it at the last kept update's rate instead (0: off).",
     )
     hybrid_guard_max_restores: int = field(
         default=_GUARD_DEFAULTS.max_restores,
