@@ -133,7 +133,8 @@ class HybridArgumentsMixin:
         "skipped and its step trained on a recent clean batch instead, damaged weights that do not "
         "come back by themselves within a few steps are restored "
         "from the copy (weights and optimizer state; the batches since skipped); an outsized update "
-        "that did harm is taken back (kept at the last kept rate where its rate jumped). Every action is a warning, a hybrid/* metric, a timeline mark and "
+        "that did harm is taken back (kept at the last kept rate where its rate jumped). Every action "
+        "is a warning, a hybrid/* metric, a timeline mark and "
         "a summary line. auto (the default): on whenever its copies fit (hybrid_guard_storage), off "
         "otherwise; on: always (with no copy that fits it only skips bad batches); off.",
         choices=list(SPIKE_GUARD_MODES),

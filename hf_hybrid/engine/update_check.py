@@ -18,9 +18,11 @@ so the copy plus (live - copy) x kept rate / rate is the step the run takes with
 parameter group; for an excursion, the rates summed over its steps). Discarding the step instead cost a
 40-step run 3-4 of its steps, more than the burst itself (`benchmarks/README.md`, "The spike guard").
 
-Per step it costs a sample of the coordinates (`update_sample.py`); the whole weights are copied only on
-a sign (a learning rate over `LR_JUMP`x the last kept one, a gradient norm over `GRAD_JUMP`x the recent
-median: with Adam a gradient spike moves the update by at most ~3.2x, so that sign is for SGD). The
+It costs a sample of the coordinates (`update_sample.py`) on every step with a sign and on every
+`MEASURE_EVERY`-th other one, which is all the recent sizes' median needs (on the 2x64 GPT-2, whose step
+is the shortest, the sample read every step was half the guard's share); the whole weights are copied
+only on a sign (a learning rate over `LR_JUMP`x the last kept one, a gradient norm over `GRAD_JUMP`x the
+recent median: with Adam a gradient spike moves the update by at most ~3.2x, so that sign is for SGD). The
 optimizer keeps what it learnt from the gradient (copying its state would cost 3x with Adam). Whether it
 runs is decided from bytes, never timings, so a resumed run judges as the uninterrupted one.
 """
@@ -43,6 +45,7 @@ logger = logging.getLogger(__name__)
 LR_JUMP = 2.0  # a learning rate this many times the last kept update's: the weights are copied first
 GRAD_JUMP = 3.0  # a gradient norm this many times the recent median: the weights are copied first
 MAX_EXCURSION = 8  # steps a raised learning rate may last and still be a burst taken back whole
+MEASURE_EVERY = 2  # once `min_history` sizes are kept, a step without a sign is measured this often
 
 
 class UpdateCheck:
@@ -67,7 +70,8 @@ class UpdateCheck:
         self.min_history = min_history
         self.suspect_loss = suspect_loss
         self.device = device
-        self.norms: deque[float] = deque(maxlen=history)
+        # the recent sizes of `history` steps, measured every `MEASURE_EVERY`-th
+        self.norms: deque[float] = deque(maxlen=max(min_history, history // MEASURE_EVERY))
         self.kept_lrs: list[float | None] = []  # the learning rates of the last update kept
         self.on = bool(params) and max_ratio > 0
         self.largest_ratio = 0.0  # how close a left update came to the limit (reported, not judged)
@@ -90,15 +94,20 @@ class UpdateCheck:
     def take(self, step: int, lrs: list[float | None] | None = None, grad_ratio: float | None = None) -> None:
         """Before the optimizer runs: keep the sample of the weights, and the whole weights when `lrs` or
         `grad_ratio` (gradient norm over the recent median) show a sign of an outsized update."""
-        self.taken = self.on
         self.copied = self.excursion is not None
+        self.taken = False
         if not self.on:
             return
         if self.sample is None:
             self._allocate()
         self._step = (step, list(lrs or []), grad_ratio)
+        sign = self.excursion is None and self._may_overshoot()
+        if not (sign or self.copied or self._measures(step)):
+            self.kept_lrs = self._step[1]  # no sign: the update stays, unjudged as a measured one would
+            return
+        self.taken = True
         self.sample.keep()
-        if self.excursion is None and self._may_overshoot():
+        if sign:
             torch._foreach_copy_(self.copy, self.sample.live, non_blocking=self.copy[0].is_pinned())
             self.copied = True
             self.copies += 1
@@ -263,6 +272,11 @@ class UpdateCheck:
         """No learning rate to read (an optimizer without one, or none kept yet)."""
         lrs = self._step[1]
         return not lrs or not self.kept_lrs or any(lr is None for lr in lrs)
+
+    def _measures(self, step: int) -> bool:
+        """A step without a sign is measured while the recent sizes are too few, then every
+        `MEASURE_EVERY`-th (by its number, so a resumed run measures the same steps)."""
+        return len(self.norms) < self.min_history or step % MEASURE_EVERY == 0
 
     def _may_overshoot(self) -> bool:
         """This step shows a sign that its update may be outsized: its weights are worth copying."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_hybrid.engine.update_check import GRAD_JUMP, LR_JUMP, MAX_EXCURSION, UpdateCheck
+from hf_hybrid.engine.update_check import GRAD_JUMP, LR_JUMP, MAX_EXCURSION, MEASURE_EVERY, UpdateCheck
 
 HISTORY = 20
 
@@ -96,6 +96,21 @@ def test_only_the_groups_whose_rate_jumped_are_scaled_back() -> None:
     assert check.take_back() == ([99], True)
     assert torch.allclose(first, before[0] + 0.1, rtol=0, atol=1e-6)
     assert torch.allclose(second, before[1] + 3.0, rtol=0, atol=1e-6)
+
+
+def test_steps_without_a_sign_are_measured_every_other_once_the_sizes_suffice() -> None:
+    """The recent sizes fill from every step; then a step without a sign is measured only every
+    `MEASURE_EVERY`-th (by number), while a step with a sign at any number is copied and judged."""
+    check, weights, _ = _check()
+    for step in range(1, HISTORY + 1):
+        _step(check, weights, 1.0, lr=1e-3, grad_ratio=1.0, step=step)
+    assert len(check.norms) == HISTORY
+    for step in range(HISTORY + 1, HISTORY + 11):
+        _step(check, weights, 1.0, lr=1e-3, grad_ratio=1.0, step=step)
+    assert len(check.norms) == HISTORY + 10 // MEASURE_EVERY
+    odd = next(n for n in range(HISTORY + 11, HISTORY + 11 + MEASURE_EVERY) if n % MEASURE_EVERY)
+    assert _step(check, weights, 100.0, lr=1e-3 * LR_JUMP * 15, grad_ratio=1.0, step=odd) is not None
+    assert check.copies == 1
 
 
 def test_an_outsized_update_without_a_sign_stays_unjudged() -> None:
