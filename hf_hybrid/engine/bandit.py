@@ -115,12 +115,13 @@ class HorizonBandit:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-able state, generator included, so a resumed run makes the same choices."""
+        """State, generator included (a tensor: the checkpoint keeps it with the tensors, not as 19 KB of
+        JSON), so a resumed run makes the same choices."""
         return {
             "arms": list(self.arms),
             "pulls": [self._pulls[arm] for arm in self.arms],
             "reward_sums": [self._reward_sums[arm] for arm in self.arms],
-            "generator_state": self._generator.get_state().tolist(),
+            "generator_state": self._generator.get_state().clone(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -134,6 +135,6 @@ class HorizonBandit:
             raise ValueError(
                 f"state has {len(pulls)} pulls and {len(sums)} reward sums, expected {len(self.arms)} of each"
             )
-        self._generator.set_state(torch.tensor(state["generator_state"], dtype=torch.uint8))
+        self._generator.set_state(torch.as_tensor(state["generator_state"], dtype=torch.uint8).clone())
         self._pulls = dict(zip(self.arms, pulls, strict=True))
         self._reward_sums = dict(zip(self.arms, sums, strict=True))

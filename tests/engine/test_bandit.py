@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hf_hybrid.engine.bandit import HorizonBandit, default_arms, phase_reward
+from hf_hybrid.engine.state import join_state, split_state
 
 
 @pytest.mark.parametrize(
@@ -154,12 +155,26 @@ def test_state_dict_round_trip_continues_identically() -> None:
     means = {2: 0.3, 4: 0.5, 8: 0.6, 16: 0.55}
     original = HorizonBandit(list(means), seed=5)
     _play(original, means, rounds=60, seed=11)
-    state = json.loads(json.dumps(original.state_dict()))  # must be plain JSON
+    tree, tensors = split_state(original.state_dict())  # as a checkpoint stores it
+    assert set(tensors) == {"generator_state"}  # the generator in the tensor file, not as JSON numbers
+    state = join_state(json.loads(json.dumps(tree)), {k: v.clone() for k, v in tensors.items()})
     restored = HorizonBandit(list(means), seed=999)
     restored.load_state_dict(state)
     assert restored.stats() == original.stats()
     assert _play(restored, means, rounds=200, seed=12) == _play(original, means, rounds=200, seed=12)
-    assert restored.state_dict() == original.state_dict()
+    assert torch.equal(restored.state_dict()["generator_state"], original.state_dict()["generator_state"])
+
+
+def test_a_state_saved_with_the_generator_as_json_numbers_still_loads() -> None:
+    """Checkpoints written before the generator moved to the tensor file."""
+    means = {2: 0.3, 4: 0.5}
+    original = HorizonBandit(list(means), seed=5)
+    _play(original, means, rounds=20, seed=1)
+    state = original.state_dict()
+    state["generator_state"] = state["generator_state"].tolist()
+    restored = HorizonBandit(list(means), seed=999)
+    restored.load_state_dict(state)
+    assert _play(restored, means, rounds=50, seed=2) == _play(original, means, rounds=50, seed=2)
 
 
 def test_state_dict_round_trip_keeps_tie_breaking() -> None:
