@@ -158,8 +158,8 @@ class UpdateCheck:
             self.excursion_rates, self.excursion_steps = list(self._step[1]), 1
             logger.info(
                 "hf_hybrid: step %d: the learning rate jumped over %gx that of the last kept update (this "
-                "update %.1fx the recent ones): kept while it stays up, taken back whole if it comes down "
-                "within %d steps after an update over %gx",
+                "update %.1fx the recent ones): kept while it stays up, taken back to the kept rate if it "
+                "comes down within %d steps after an update over %gx",
                 self._step[0],
                 LR_JUMP,
                 ratio,
@@ -189,7 +189,8 @@ class UpdateCheck:
                 f"the learning rate came back down at step {step} after an excursion from step {first} "
                 f"with updates over {self.max_ratio:g}x the recent ones, and this step's batch does worse "
                 f"after it ({measured[0]:.4g}) than before it ({measured[1]:.4g}): the {step - first + 1} "
-                f"updates since are taken back (the weights of before step {first})"
+                f"updates since are taken back ("
+                + ("redone at the last kept rate)" if self.scales else f"the weights of before step {first})")
             )
         if step - first + 1 >= MAX_EXCURSION:
             self.excursion, self.copied = None, False
