@@ -63,11 +63,7 @@ def run_summary(stats: Mapping[str, Any]) -> str:
             + (f" ({stats['replays']} trained on a clean batch instead)" if stats.get("replays") else "")
             + f", {len(taken_back)} outsized update{'s' if len(taken_back) != 1 else ''} taken back"
             + (f" at step {', '.join(map(str, taken_back))}" if taken_back else "")
-            + (
-                f", {len(scaled)} of them kept at the last kept rate"
-                if (scaled := stats.get("scaled_back_steps"))
-                else ""
-            )
+            + (f", {len(scaled)} of them kept at the last kept rate" if scaled else "")
             + f" ({stats['spike_skipped_steps']} batches skipped in all; copies in "
             + f"{stats['spike_guard_storage']}, {_bytes(stats['spike_guard_bytes'])})"
         )

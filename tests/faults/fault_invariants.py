@@ -133,7 +133,8 @@ class _Watcher(TrainerCallback):
 
     def _guard_problems(self, where: str, guard: Any, action: str) -> list[str]:
         """A step the spike guard skipped changed nothing, unless a clean batch trained in its batch's place
-        (then the weights moved); a restore put back exactly the trusted copy."""
+        or its update was kept at the last kept rate (then the weights moved); a restore put back exactly
+        the trusted copy."""
         before = self.engine_before["guard"]
         if before is None:
             return []
@@ -142,7 +143,12 @@ class _Watcher(TrainerCallback):
         if len(guard.skip_steps) > before["skips"]:
             self.owner.actions_checked["spike_skip"] += 1
             moved = any(not torch.equal(b, p) for b, p in zip(before["params"], guard.params, strict=True))
-            if len(guard.replay_steps) > before["replays"]:
+            if len(guard.scaled_back_steps) > before["scaled"]:  # an update kept at the last kept rate
+                if not moved:
+                    problems.append(
+                        f"{where}: an update kept at the last kept rate left the weights as they were"
+                    )
+            elif len(guard.replay_steps) > before["replays"]:
                 self.owner.actions_checked["spike_replay"] += 1
                 if not moved:
                     problems.append(f"{where}: a step trained on a clean batch left the weights as they were")
@@ -169,6 +175,7 @@ def _guard_view(guard: Any) -> dict[str, Any] | None:
     return {
         "skips": len(guard.skip_steps),
         "replays": len(guard.replay_steps),
+        "scaled": len(guard.scaled_back_steps),
         "params": [p.detach().clone() for p in guard.params],
         "copies": {
             id(store): {"params": [t.clone() for t in store.params], "state": copy.deepcopy(store.state)}
