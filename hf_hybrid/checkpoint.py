@@ -1,7 +1,9 @@
 """The hybrid state inside an HF checkpoint folder.
 
 Each piece written to a temporary name and renamed: `hybrid_state.safetensors` (the tensors),
-`hybrid_state.json` (the readable rest, `"@tensor:<name>"` where a tensor went), and a small entry in
+`hybrid_state.json.gz` (the readable rest as gzip-compressed JSON, `"@tensor:<name>"` where a tensor
+went; compressed because its floats and the timeline's rows would otherwise outweigh a small adapter's
+checkpoint), and a small entry in
 `trainer_state.json` with the format version, file names and SHA-256, so a damaged file is refused.
 Under FSDP2 every rank writes its own pair (`hybrid_state_rank{R}.*`, listed under `ranks`); another
 world size is refused (shards cannot be re-split).
@@ -10,11 +12,13 @@ world size is refused (shards cannot be re-split).
 from __future__ import annotations
 
 import functools
+import gzip
 import hashlib
 import json
 import logging
 import os
 import re
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,11 +39,12 @@ from .engine.state import (
 logger = logging.getLogger(__name__)
 
 HYBRID_STATE_FILE = "hybrid_state.safetensors"
-HYBRID_STATE_JSON = "hybrid_state.json"
+HYBRID_STATE_JSON = "hybrid_state.json.gz"
 _SUMMARY_KEYS = ("steps", "backward_skipped", "predict_phases", "rollbacks", "predictor")
 TRAINER_STATE_FILE = "trainer_state.json"  # written last by Trainer._save_checkpoint
 _CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
-HYBRID_TIMELINE_FILE = "hybrid_timeline.json"
+HYBRID_TIMELINE_FILE = "hybrid_timeline.json.gz"
+_OLD_TIMELINE_FILE = "hybrid_timeline.json"  # the uncompressed name of older saves, still read
 
 
 class HybridCheckpointError(ValueError):
@@ -96,7 +101,7 @@ def save_sharded_engine_state(
 def rank_file_names(rank: int) -> dict[str, str]:
     return {
         "tensor_file": f"hybrid_state_rank{rank}.safetensors",
-        "state_file": f"hybrid_state_rank{rank}.json",
+        "state_file": f"hybrid_state_rank{rank}.json.gz",
     }
 
 
@@ -108,7 +113,7 @@ def _write_state_files(
     contiguous = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
     metadata = {"format": "pt", "hf_hybrid_format": str(FORMAT_VERSION)}
     digest = _write_atomically(folder / tensor_file, lambda tmp: save_file(contiguous, str(tmp), metadata))
-    return {"tensors": digest, "state": _write_text(folder / state_file, json.dumps(tree, indent=1))}
+    return {"tensors": digest, "state": write_json(folder / state_file, tree)}
 
 
 def _summary(summary: dict[str, Any] | None) -> dict[str, Any]:
@@ -159,8 +164,8 @@ def read_engine_tree(entry: dict[str, Any], folder: str | os.PathLike) -> dict[s
         )
     path = _verified_file(entry, folder, "state_file", HYBRID_STATE_JSON, "state")
     try:
-        tree = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        tree = read_json(path)
+    except (ValueError, OSError, EOFError, zlib.error) as exc:
         raise HybridCheckpointError(f"{path} cannot be read ({exc}); {_HINT}") from exc
     if not isinstance(tree, dict):
         raise HybridCheckpointError(f"{path} does not hold an engine state; {_HINT}")
@@ -181,8 +186,17 @@ def load_engine_state(entry: dict[str, Any], folder: str | os.PathLike) -> dict[
         raise HybridCheckpointError(f"{folder}: the hybrid state is damaged ({exc}); {_HINT}") from exc
 
 
-def _write_text(path: Path, text: str) -> str:
-    return _write_atomically(path, lambda tmp: tmp.write_text(text))
+def read_json(path: str | os.PathLike) -> Any:
+    """A JSON file of the hybrid state, gzip-compressed when its name ends in `.gz` (older saves: plain)."""
+    data = Path(path).read_bytes()
+    return json.loads(gzip.decompress(data) if str(path).endswith(".gz") else data)
+
+
+def write_json(path: Path, obj: Any) -> str:
+    """`obj` as compact JSON, gzip-compressed with no timestamp (equal states give equal bytes); its
+    SHA-256."""
+    data = gzip.compress(json.dumps(obj, separators=(",", ":")).encode(), mtime=0)
+    return _write_atomically(path, lambda tmp: tmp.write_bytes(data))
 
 
 def _write_atomically(path: Path, write: Callable[[Path], Any]) -> str:
@@ -195,8 +209,11 @@ def _write_atomically(path: Path, write: Callable[[Path], Any]) -> str:
 
 
 def load_timeline(folder: str | os.PathLike) -> list[dict[str, Any]]:
-    path = Path(folder) / HYBRID_TIMELINE_FILE
-    return json.loads(path.read_text()) if path.is_file() else []
+    for name in (HYBRID_TIMELINE_FILE, _OLD_TIMELINE_FILE):
+        path = Path(folder) / name
+        if path.is_file():
+            return read_json(path)
+    return []
 
 
 def file_sha256(path: Path) -> str:
@@ -317,7 +334,7 @@ class EngineCheckpoints:
             )
         self.callback.engine_state = entry
         if should_save:
-            _write_text(Path(output_dir) / HYBRID_TIMELINE_FILE, json.dumps(timeline))
+            write_json(Path(output_dir) / HYBRID_TIMELINE_FILE, timeline)
 
     def restore(self, engine: Any, checkpoint: str, warmup_steps: int) -> list[dict[str, Any]]:
         """Load the saved engine into `engine` (or restart it); return the run's timeline so far."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -9,7 +10,14 @@ import torch
 from helpers import EveryStep, SaveAt, counters, hybrid_trainer, step_logs
 from transformers import TrainerCallback
 
-from hf_hybrid.checkpoint import HYBRID_STATE_FILE, HYBRID_STATE_JSON, HybridCheckpointError, file_sha256
+from hf_hybrid.checkpoint import (
+    HYBRID_STATE_FILE,
+    HYBRID_STATE_JSON,
+    HybridCheckpointError,
+    file_sha256,
+    read_json,
+    write_json,
+)
 
 
 def _params(trainer):
@@ -55,6 +63,32 @@ def test_resume_continues_exactly(straight_run, tmp_path, kind):
     assert counters(resumed.hybrid_stats()) == counters(straight.hybrid_stats())
 
 
+def test_a_checkpoint_saved_uncompressed_resumes_exactly(straight_run, tmp_path):
+    """Older versions wrote `hybrid_state.json` and `hybrid_timeline.json` as plain JSON; such a
+    checkpoint still resumes to the uninterrupted run's weights and phases."""
+    import shutil
+
+    out, straight, saved = straight_run
+    step = saved["mid_predict"]
+    folder = tmp_path / "run" / f"checkpoint-{step}"
+    shutil.copytree(out / f"checkpoint-{step}", folder)
+    for name in (HYBRID_STATE_JSON, "hybrid_timeline.json.gz"):
+        (folder / name.removesuffix(".gz")).write_text(json.dumps(read_json(folder / name), indent=1))
+        (folder / name).unlink()
+    old_state = HYBRID_STATE_JSON.removesuffix(".gz")
+    _edit_state(
+        folder,
+        edit_entry=lambda entry: entry.update(
+            state_file=old_state, sha256={**entry["sha256"], "state": file_sha256(folder / old_state)}
+        ),
+    )
+    resumed = hybrid_trainer(tmp_path / "run", max_steps=40, save_strategy="no")
+    resumed.train(resume_from_checkpoint=str(folder))
+    assert [r["phase"] for r in resumed.hybrid_timeline] == [r["phase"] for r in straight.hybrid_timeline]
+    expected = _params(straight)
+    assert all(torch.equal(value, expected[name]) for name, value in _params(resumed).items())
+
+
 def test_the_checkpoint_holds_a_readable_hybrid_state(straight_run):
     out, straight, saved = straight_run
     folder = out / f"checkpoint-{saved['mid_predict']}"
@@ -62,7 +96,7 @@ def test_the_checkpoint_holds_a_readable_hybrid_state(straight_run):
     entry = state["stateful_callbacks"]["HybridStateCallback"]["attributes"]["engine_state"]
     assert entry["format_version"] == 2
     assert entry["summary"]["predictor"] == "ema" and entry["summary"]["steps"] == saved["mid_predict"]
-    tree = json.loads((folder / HYBRID_STATE_JSON).read_text())
+    tree = read_json(folder / HYBRID_STATE_JSON)
     assert tree["controller"]["phase"] == "predict"
     assert tree["controller"]["predict_remaining"] > 0
     assert tree["config"]["predictor"] == "ema"
@@ -284,10 +318,9 @@ def _edit_state(folder, edit_entry=None, edit_tree=None):
     state = json.loads(path.read_text())
     entry = state["stateful_callbacks"]["HybridStateCallback"]["attributes"]["engine_state"]
     if edit_tree is not None:
-        tree = json.loads((folder / HYBRID_STATE_JSON).read_text())
+        tree = read_json(folder / HYBRID_STATE_JSON)
         edit_tree(tree)
-        (folder / HYBRID_STATE_JSON).write_text(json.dumps(tree))
-        entry["sha256"]["state"] = file_sha256(folder / HYBRID_STATE_JSON)
+        entry["sha256"]["state"] = write_json(folder / HYBRID_STATE_JSON, tree)
     if edit_entry is not None:
         edit_entry(entry)
     path.write_text(json.dumps(state))
@@ -327,12 +360,13 @@ def _drop_one_tensor(data: bytes) -> bytes:
 @pytest.mark.parametrize(
     ("file", "damage", "message"),
     [
-        (HYBRID_STATE_JSON, lambda data: data[: len(data) // 2], r"hybrid_state.json cannot be read"),
-        (HYBRID_STATE_JSON, lambda data: b"[1, 2]", r"hybrid_state.json does not hold an engine state"),
+        (HYBRID_STATE_JSON, lambda data: data[: len(data) // 2], r"hybrid_state.json.gz cannot be read"),
+        (HYBRID_STATE_JSON, lambda data: b"[1, 2]", r"hybrid_state.json.gz cannot be read"),
+        (HYBRID_STATE_JSON, lambda data: gzip.compress(b"[1, 2]"), r"json.gz does not hold an engine state"),
         (HYBRID_STATE_FILE, lambda data: data[: len(data) // 2], r"hybrid_state.safetensors cannot be read"),
         (HYBRID_STATE_FILE, _drop_one_tensor, r"the hybrid state is damaged"),
     ],
-    ids=["json_truncated", "json_not_a_state", "tensors_truncated", "tensors_missing_one"],
+    ids=["json_truncated", "json_not_gzip", "json_not_a_state", "tensors_truncated", "tensors_missing_one"],
 )
 def test_a_damaged_state_file_is_refused_whatever_its_checksum_says(
     straight_run, tmp_path, file, damage, message, checksum
@@ -359,11 +393,11 @@ def test_an_edited_state_file_is_refused_by_its_checksum(straight_run, tmp_path)
     out, _, saved = straight_run
     folder = tmp_path / "checkpoint-x"
     shutil.copytree(out / f"checkpoint-{saved['correct']}", folder)
-    tree = json.loads((folder / HYBRID_STATE_JSON).read_text())
+    tree = read_json(folder / HYBRID_STATE_JSON)
     tree["counters"]["rollbacks"] = 99
-    (folder / HYBRID_STATE_JSON).write_text(json.dumps(tree))
+    write_json(folder / HYBRID_STATE_JSON, tree)
     trainer = hybrid_trainer(tmp_path / "run", max_steps=40)
-    _assert_refused_before_any_step(trainer, folder, r"hybrid_state.json is corrupt or truncated")
+    _assert_refused_before_any_step(trainer, folder, r"hybrid_state.json.gz is corrupt or truncated")
 
 
 def test_a_missing_tensor_file_is_refused(straight_run, tmp_path):

@@ -28,7 +28,7 @@ import pytest
 import torch
 from helpers import counters
 
-from hf_hybrid.checkpoint import HYBRID_STATE_FILE, HYBRID_STATE_JSON
+from hf_hybrid.checkpoint import HYBRID_STATE_FILE, HYBRID_STATE_JSON, read_json
 
 pytestmark = pytest.mark.distributed
 
@@ -145,10 +145,10 @@ def test_only_rank_zero_writes_the_hybrid_state_and_the_json_entry_is_complete(r
         assert entry["sha256"]["tensors"] == save["sha256"] == _sha256(folder / HYBRID_STATE_FILE)
         assert entry["sha256"]["state"] == _sha256(folder / HYBRID_STATE_JSON)
         assert entry["tensor_file"] == HYBRID_STATE_FILE
-        assert json.loads((folder / HYBRID_STATE_JSON).read_text())["config"]["predictor"] == "ema"
+        assert read_json(folder / HYBRID_STATE_JSON)["config"]["predictor"] == "ema"
         assert not list(folder.glob("*.tmp"))
     mid = runs["ddp_dir"] / f"checkpoint-{rank0['saved_at']['mid_predict']}"
-    tree = json.loads((mid / HYBRID_STATE_JSON).read_text())
+    tree = read_json(mid / HYBRID_STATE_JSON)
     assert tree["controller"]["phase"] == "predict"
     assert tree["guard"]["snapshot"]  # the open phase's rollback point
 

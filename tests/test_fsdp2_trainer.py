@@ -31,7 +31,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hf_hybrid.checkpoint import HYBRID_STATE_FILE, HybridCheckpointError
+from hf_hybrid.checkpoint import HYBRID_STATE_FILE, HybridCheckpointError, read_json
 
 pytestmark = pytest.mark.distributed
 
@@ -181,10 +181,10 @@ def test_every_rank_writes_its_own_checksummed_hybrid_state(runs):
     assert not (folder / HYBRID_STATE_FILE).exists()  # the per-rank layout only
     for rank, pair in enumerate(entry["ranks"]):
         assert pair["tensor_file"] == f"hybrid_state_rank{rank}.safetensors"
-        assert pair["state_file"] == f"hybrid_state_rank{rank}.json"
+        assert pair["state_file"] == f"hybrid_state_rank{rank}.json.gz"
         for kind, name in (("tensors", pair["tensor_file"]), ("state", pair["state_file"])):
             assert pair["sha256"][kind] == hashlib.sha256((folder / name).read_bytes()).hexdigest()
-        tree = json.loads((folder / pair["state_file"]).read_text())
+        tree = read_json(folder / pair["state_file"])
         assert tree["sharding"] == {"world_size": 2, "rank": rank}
         assert tree["controller"]["phase"] == "predict" and tree["guard"]["snapshot"]
     assert not list(folder.glob("*.tmp"))
