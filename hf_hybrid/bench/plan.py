@@ -125,7 +125,7 @@ class Planner(Chains):
             if row is None:
                 self._want([spec])
                 return None
-            self.base = suggested_rate(row)
+            self.base = suggested_rate(row.losses, row.stop)
         self.decisions.base_learning_rate = self.base
         return self.base
 
