@@ -9,7 +9,9 @@
 
 Both are written from their papers' descriptions, not copied.
 
-    python benchmarks/peer_guards.py benchmarks/results/faults   # the damage each guard recovers, per fault
+The damage each guard recovers, per fault, from the records that hold all their arms:
+
+    cd benchmarks/results/faults && python ../../peer_guards.py current_tasks instruct_docstrings
 """
 
 from __future__ import annotations
@@ -185,12 +187,12 @@ def _recovered(damage: float, plain: float) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="The damage each guard recovers, from fault bench records.")
-    parser.add_argument("folder", help="a folder holding fault bench records (<task>/faults.json, any depth)")
-    folder = Path(parser.parse_args().folder)
-    records = {
-        str(path.parent.relative_to(folder)): json.loads(path.read_text())
-        for path in sorted(folder.rglob("faults.json"))
-    }
+    parser.add_argument("folders", nargs="+", help="folders holding fault bench records (<task>/faults.json)")
+    records = {}
+    for folder in map(Path, parser.parse_args().folders):
+        for path in sorted(folder.rglob("faults.json")):
+            name = str(path.parent.relative_to(folder))
+            records[folder.name if name == "." else name] = json.loads(path.read_text())
     print(damage_table(records))
 
 
