@@ -1,12 +1,17 @@
 """A learning-rate range test (Smith, 2017; fastai's `lr_find`): the sweep's centre when none is given.
 
 One short plain run whose rate grows geometrically from `LOWEST` to `HIGHEST`, its training loss
-smoothed (an exponential average, bias-corrected); the centre is a tenth of the rate where the smoothed
-loss is lowest once it averages 5 losses, before it blows up (more than 4x that minimum). A default rate
-such as 5e-5 is far too low for a model trained from scratch and can be too high for a large fine-tune;
-the sweep then widens from this centre until its best rate is interior, so the test only has to land
-within a few factors of two (`benchmarks/range_test_calibration.py`: 0.3x-4x of the raced rate on six
-of seven tasks, 10x on a model trained from scratch).
+smoothed (an exponential average, bias-corrected). The centre is the rate where the smoothed loss blows
+up (more than 4x its minimum so far, or a loss that is not finite) over `BLOW_UP_DIVISOR`.
+
+Why the blow-up and not fastai's minimum/10: on a fine-tune the loss barely moves before it blows up, so
+its minimum is a noisy pick among flat batches (0.3x-10x of the raced rate on seven tasks), while the
+point where it blows up is sharp. The ramp passes eight decades in 20-100 steps and the average lags, so
+the loss blows up far above any rate that trains well: on the seven tasks of
+`benchmarks/range_test_calibration.py` the raced rate was about 1/2500 of it (each task's ratio, the divisor
+fitted on the other six: 0.41x-2.9x). A default rate such as 5e-5 is far too low for a model trained
+from scratch and can be too high for a large fine-tune; the sweep widens from this centre until its best
+rate is interior, so the test only has to land within a few factors of two.
 """
 
 from __future__ import annotations
@@ -23,9 +28,9 @@ from .spec import RANGE_TEST, RunSpec, schedule_json
 LOWEST, HIGHEST = 1e-7, 10.0
 SMOOTHING = 0.9
 BLOW_UP = 4.0
-# the minimum is looked for once the average holds this many losses: before, it is a batch or two, and on
-# a fine-tune whose loss barely moves before it blows up (a pretrained decoder with LoRA) the second
-# batch's low loss was the minimum, a centre 10^5 below the rate its race chose
+BLOW_UP_DIVISOR = 2500.0
+# the minimum the blow-up is measured from is looked for once the average holds this many losses: before,
+# it is a batch or two
 MIN_AVERAGED = 5
 
 
@@ -54,20 +59,26 @@ def ramp(step: int, steps: int) -> float:
     return LOWEST * (HIGHEST / LOWEST) ** (step / max(1, steps - 1))
 
 
-def suggested_rate(losses: Sequence[float], steps: int) -> float:
-    """A tenth of the rate at the smoothed loss's minimum (two significant digits), from the test's
-    per-step training losses over its `steps` steps."""
-    best, best_step, average = math.inf, 0, 0.0
+def blow_up_step(losses: Sequence[float]) -> int:
+    """The first step whose loss is not finite or whose smoothed loss is more than `BLOW_UP` x the lowest
+    smoothed loss so far (the last step when neither happens)."""
+    best, average = math.inf, 0.0
     for step, loss in enumerate(losses):
         if not math.isfinite(loss):
-            break
+            return step
         average = SMOOTHING * average + (1 - SMOOTHING) * loss
         smoothed = average / (1 - SMOOTHING ** (step + 1))
         if smoothed > BLOW_UP * best:
-            break
-        if smoothed < best and step >= MIN_AVERAGED - 1:
-            best, best_step = smoothed, step
-    rate = ramp(best_step, steps) / 10
+            return step
+        if step >= MIN_AVERAGED - 1:
+            best = min(best, smoothed)
+    return max(0, len(losses) - 1)
+
+
+def suggested_rate(losses: Sequence[float], steps: int) -> float:
+    """The rate where the test's loss blew up over `BLOW_UP_DIVISOR` (two significant digits), from its
+    per-step training losses over its `steps` steps."""
+    rate = ramp(blow_up_step(losses), steps) / BLOW_UP_DIVISOR
     return float(f"{rate:.2g}")
 
 
