@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -235,16 +236,23 @@ def _trunk_name(row: RunRow) -> str | None:
 def costs(planner: Planner) -> dict[str, Any]:
     """The record's compute in plain full runs: plain's part (its race, the schedule check, the other
     seeds, a range test), each method's (with its null control's), and the runs no longer used. Plain's
-    runs timed beside same-trajectory methods exist only for them: they are those methods' cost, shared."""
+    runs timed beside same-trajectory methods exist only for them: they are those methods' cost, shared.
+    A method judged in time is costed by its time against those runs (`timed_cost`), not by its price."""
     full = planner.full_point("plain", planner.first, planner.plain_rate)
     unit = full.units if full is not None else math.nan
     parents = {null.spec: parent for parent, null in planner.nulls.items()}
     timed_beside = [m for m, d in planner.decisions.methods.items() if "same_trajectory" in d]
+    references = [
+        r
+        for r in planner.rows
+        if r.method == "plain" and _plain_part(planner, r) == SAME_TRAJECTORY_REFERENCE
+    ]
     plain = dict.fromkeys(("race", "schedule_check", "other_seeds", "range_test"), 0.0)
     methods: dict[str, float] = {}
     unused = 0.0
     for row in planner.rows:
-        units = rules.in_plain_runs(own_units(planner, row), unit)
+        timed = timed_cost(planner, row, references)
+        units = rules.in_plain_runs(own_units(planner, row) if timed is None else timed, unit)
         part = _plain_part(planner, row) if row.method == "plain" else None
         owners = [parents.get(row.method, row.method)]
         if part == SAME_TRAJECTORY_REFERENCE:
@@ -258,6 +266,20 @@ def costs(planner: Planner) -> dict[str, Any]:
                 methods[owner] = methods.get(owner, 0.0) + units / len(owners)
     plain["total"] = sum(plain.values())
     return {"plain": plain, "methods": methods, "unused": unused}
+
+
+def timed_cost(planner: Planner, row: RunRow, references: Sequence[RunRow]) -> float | None:
+    """The units of a judged-in-time method's short run, from its time: plain's reference run's units x
+    the method's seconds over the references' mean. Its calibrated price (8 timed steps) can be far off
+    such a method's run: on `instruct_docstrings` `torch.compile`'s steps were priced at 7.7x plain's
+    (recompiling for new lengths), its run took 1.41x plain's time. None for every other row."""
+    check = planner.decisions.methods.get(row.method, {}).get("same_trajectory")
+    timed = [r for r in references if r.seconds > 0 and r.budget == row.budget]
+    if not check or not check.get("matches") or row.kind != SEPARATE or not timed or row.seconds <= 0:
+        return None
+    if row.budget != check.get("budget") or row.seed != planner.first or row.failed:
+        return None
+    return timed[0].units * row.seconds / statistics.fmean(r.seconds for r in timed)
 
 
 def _plain_part(planner: Planner, row: RunRow) -> str:

@@ -147,8 +147,9 @@ def test_a_same_trajectory_method_is_judged_in_time_from_one_short_run(tmp_path)
     assert verdict["speedup_time"] == pytest.approx(2.0)
     mine = [k for k in ran.ran if k.startswith("args:")]
     assert len(mine) == 1 and "0-50 of 50" in mine[0]  # one run of a quarter of the budget
-    # its quarter-budget run (0.25) and plain's two timed beside it (0.25 each) are its cost, not plain's
-    assert verdict["cost_plain_runs"] == pytest.approx(0.75, rel=0.01)
+    # its quarter-budget run, costed by its time (half plain's: 0.125, where its price says 0.25), and
+    # plain's two runs timed beside it (0.25 each) are its cost, not plain's
+    assert verdict["cost_plain_runs"] == pytest.approx(0.625, rel=0.01)
     assert "same_trajectory_reference" not in data["plain"]["cost_plain_runs"]
 
 
