@@ -88,16 +88,22 @@ def resolution_lines(data: Mapping[str, Any]) -> list[str]:
             "3/4 to the end), so no speed-up can be read: a budget that ends where plain still improves, or "
             "more training data, would be needed."
         ]
-    value = res["resolution"]
-    lines = [
-        f"**Resolution: {value:.2f}x** at {res['seeds']} seed(s) — the smallest speed-up this judge tells "
-        f"from 1.0x ({Z:g} standard errors of: the seeds' run-to-run part "
-        + (f"{res['seed_se']:.4f}" if res["seed_se"] is not None else "unknown with one seed")
-        + f" and the eval set's clustered part {res['eval_se']:.4f} of a loss difference, read at "
-        f"{res['slope']:.4f} of loss per e-fold of cost; the budget grid's {res['grid']:.3f} in log cost)."
-    ]
-    if value > TARGET_RESOLUTION:
-        lines.append(f"To resolve {TARGET_RESOLUTION:g}x it would take {what_would_reach(res)}.")
+    if res["seed_se"] is None:
+        lines = [
+            "**Resolution: unknown at 1 seed** — the smallest speed-up this judge tells from 1.0x joins "
+            "the plain seeds' run-to-run spread, which one seed cannot show: rerun with `--seeds 0 1 2`, "
+            f"and the report states it and what would bring it to {TARGET_RESOLUTION:g}x."
+        ]
+    else:
+        lines = [
+            f"**Resolution: {res['resolution']:.2f}x** at {res['seeds']} seed(s) — the smallest speed-up "
+            f"this judge tells from 1.0x ({Z:g} standard errors of: the seeds' run-to-run part "
+            f"{res['seed_se']:.4f} and the eval set's clustered part {res['eval_se']:.4f} of a loss "
+            f"difference, read at {res['slope']:.4f} of loss per e-fold of cost; the budget grid's "
+            f"{res['grid']:.3f} in log cost)."
+        ]
+        if res["resolution"] > TARGET_RESOLUTION:
+            lines.append(f"To resolve {TARGET_RESOLUTION:g}x it would take {what_would_reach(res)}.")
     if not data.get("eval_clusters"):
         lines.append(
             "The eval noise counts every eval example as independent. Examples cut from one file or document "

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 
@@ -145,6 +146,18 @@ def test_the_resolution_and_what_would_reach_the_target_are_stated():
     assert expected in text
     clustered = "\n".join(resolution_lines({"plain": {"resolution": resolution}, "eval_clusters": [0, 0, 1]}))
     assert "`--eval_group_column`" not in clustered
+
+
+def test_with_one_seed_the_resolution_is_unknown_and_says_how_to_learn_it():
+    """One plain seed shows no run-to-run spread and no pair of plain runs to bootstrap: the report says
+    so and how to learn it, not an infinite resolution and an infinite eval set."""
+    one = {
+        "seeds": 1, "resolution": math.inf, "slope": 0.7, "seed_se": None, "eval_se": math.inf, "grid": 0.0,
+        "seeds_for_target": None, "eval_factor_for_target": math.inf,
+    }  # fmt: skip
+    text = "\n".join(resolution_lines({"plain": {"resolution": one}}))
+    assert text.startswith("**Resolution: unknown at 1 seed**") and "`--seeds 0 1 2`" in text
+    assert "inf" not in text and "To resolve" not in text
 
 
 def test_notes_are_grouped_with_their_count():
