@@ -369,7 +369,7 @@ def plot(data: Mapping[str, Any], path: Path) -> Path:
     rows = [v for v in data.get("verdicts", []) if v["method"] != "plain"]
     if not rows:
         return _plot_so_far(data, path)
-    frontier = envelope(frontier_points(data))
+    points = frontier_points(data)
     panels = max(1, len(rows))
     grid_rows = max(2, -(-panels // 3))
     figure = Figure(figsize=(16, max(5.0, 0.45 * len(rows) + 2.0, 2.4 * grid_rows)), dpi=100)
@@ -377,7 +377,7 @@ def plot(data: Mapping[str, Any], path: Path) -> Path:
     grid = figure.add_gridspec(grid_rows, 5)
     _forest(figure.add_subplot(grid[:, :2]), rows)
     for index, row in enumerate(rows):
-        _method_panel(figure.add_subplot(grid[index // 3, 2 + index % 3]), row, frontier)
+        _method_panel(figure.add_subplot(grid[index // 3, 2 + index % 3]), row, points)
     return _save(figure, f"{data['task'].get('name')}: speed-up at equal eval loss against plain", path)
 
 
@@ -433,16 +433,25 @@ def _forest(axis: Any, rows: Sequence[Mapping[str, Any]]) -> None:
     axis.set_xlim(0, 2.5)
 
 
-def _method_panel(axis: Any, row: Mapping[str, Any], frontier: Sequence[tuple[float, float]]) -> None:
-    if frontier:
-        axis.plot(*zip(*frontier, strict=True), "-o", color="k", ms=3, lw=1.5, label="plain frontier")
-    curve = row.get("curve") or []
+def _method_panel(axis: Any, row: Mapping[str, Any], points: Sequence[tuple[float, float]]) -> None:
+    """Plain's points (grey), the envelope the verdicts read (black: flat where a larger budget did no
+    better, so a point above it is not plain's frontier) and the method's curve."""
+    losses = [loss for _, loss in points]
+    if points:
+        frontier = envelope(points)
+        frontier = [*frontier, (max(c for c, _ in points), frontier[-1][1])]
+        axis.plot(*zip(*points, strict=True), "o", color="0.6", ms=3, label="plain's points")
+        axis.plot(*zip(*frontier, strict=True), "-", color="k", lw=1.5, label="plain frontier")
+    curve = [(c["units"], c["eval_loss"]) for c in row.get("curve") or [] if math.isfinite(c["eval_loss"])]
     if curve:
-        axis.plot([c["units"] for c in curve], [c["eval_loss"] for c in curve], "--s", ms=3, label="method")
+        axis.plot(*zip(*curve, strict=True), "--s", ms=3, label="method")
     axis.set_title(short_label(row, 40), fontsize=9)
     axis.tick_params(labelsize=7)
-    if frontier:
-        losses = [loss for _, loss in frontier]
-        pad = 0.3 * (max(losses) - min(losses) or 0.1)
-        axis.set_ylim(min(losses) - pad, max(losses) + pad)
+    axis.set_xlabel("compute (forward units)", fontsize=7)
+    axis.set_ylabel("eval loss", fontsize=7)
+    if losses:
+        span = max(losses) - min(losses) or 0.1
+        shown = [*losses, *(loss for _, loss in curve if loss <= max(losses) + 2 * span)]
+        pad = 0.15 * (max(shown) - min(shown) or 0.1)
+        axis.set_ylim(min(shown) - pad, max(shown) + pad)
     axis.legend(fontsize=6)

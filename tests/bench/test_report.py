@@ -9,6 +9,7 @@ import math
 import pytest
 
 from hf_hybrid.bench.report import (
+    _method_panel,
     _notes,
     arguments,
     markdown,
@@ -184,6 +185,24 @@ def test_the_plot_is_drawn_from_a_record(tmp_path):
     empty = plot({**_with([]), "runs": []}, tmp_path / "empty.png").stat().st_size
     drawn = plot(data, tmp_path / "arena.png").stat().st_size
     assert drawn > empty + 5_000  # the bands, the points, the frontier and the methods' curves
+
+
+def test_a_panel_draws_the_envelope_the_verdicts_read_flat_to_plain_s_last_point():
+    """Plain's ¾ point above its ½ one (a small, noisy eval set) is not its frontier: the envelope stays
+    flat at the ½ loss out to the full budget's cost, and a method point far above is still shown."""
+    from matplotlib.figure import Figure
+
+    points = [(30.0, 0.77), (60.0, 0.57), (90.0, 0.78), (120.0, 0.57)]
+    row = {
+        "method": "freeze:3",
+        "curve": [{"units": 20.0, "eval_loss": 0.78}, {"units": 90.0, "eval_loss": 1.07}],
+    }
+    axis = Figure().add_subplot()
+    _method_panel(axis, row, points)
+    lines = {line.get_label(): list(zip(*line.get_data(), strict=True)) for line in axis.get_lines()}
+    assert lines["plain frontier"] == [(30.0, 0.77), (60.0, 0.57), (120.0, 0.57)]
+    assert lines["plain's points"] == points
+    assert axis.get_ylim()[1] > 1.07
 
 
 def test_a_record_still_running_is_drawn_as_its_points_so_far(tmp_path):
