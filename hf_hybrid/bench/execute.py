@@ -18,7 +18,7 @@ from transformers import default_data_collator
 
 from .methods import Method, TrialContext, parse_method
 from .methods.selective_backprop import per_sample_loss
-from .range_test import RangeRamp
+from .range_test import RangeRamp, suggested_rate
 from .runner import LossTrace, StopAt, TrainingClock, measured, start
 from .spec import RANGE_TEST, RunSpec
 from .task import BenchTask
@@ -75,7 +75,7 @@ def run_spec(task: BenchTask, spec: RunSpec, method: Method | None = None) -> Me
         trainer.train(resume_from_checkpoint=spec.checkpoint)
         examples, counts = evaluate_examples(trainer, task) if spec.evaluate else (None, None)
         eval_loss = weighted_mean(examples, counts) if spec.evaluate else None
-    return Measured(
+    result = Measured(
         stop=trainer.state.global_step,
         eval_loss=eval_loss,
         own_seconds=clock.train_seconds(),
@@ -84,6 +84,11 @@ def run_spec(task: BenchTask, spec: RunSpec, method: Method | None = None) -> Me
         eval_example_losses=[round(v, 5) for v in examples] if spec.per_example else None,
         eval_example_tokens=counts if spec.per_example else None,
     )
+    if (
+        spec.kind == RANGE_TEST
+    ):  # the centre its rule gave, kept: a record resumed under a later rule keeps it
+        result.details["centre"] = suggested_rate(result.losses, spec.stop)
+    return result
 
 
 def evaluate_examples(trainer: Any, task: BenchTask) -> tuple[list[float], list[int]]:

@@ -118,14 +118,15 @@ class Planner(Chains):
 
     def _base_rate(self) -> float | None:
         """The races' centre: the task's rate, or a range test's (looked up even once its rate is in the
-        record, so that the plan stands on it and plain's part counts its cost)."""
+        record, so that the plan stands on it and plain's part counts its cost). The centre the range test
+        gave when it ran is the one kept, so a record resumed after the rule changed keeps its races."""
         spec = range_test_spec(self.budgets, self.first)
         row = self._row(spec)
         if self.base is None:
             if row is None:
                 self._want([spec])
                 return None
-            self.base = suggested_rate(row.losses, row.stop)
+            self.base = row.details.get("centre") or suggested_rate(row.losses, row.stop)
         self.decisions.base_learning_rate = self.base
         return self.base
 

@@ -110,14 +110,15 @@ class Fake:
         self.pending.clear()
 
 
-def fake_task() -> BenchTask:
+def fake_task(learning_rate: float | None = 1e-3) -> BenchTask:
+    """The fake task; with no `learning_rate` the arena's range test sets the races' centre."""
     return BenchTask(
         name="fake",
         task_type="causal_lm",
         build_model=lambda seed: None,
         train=[0] * 100,
         evaluation=[0] * EXAMPLES,
-        learning_rate=1e-3,
+        learning_rate=learning_rate,
         max_steps=STEPS,
         batch_size=4,
         eval_clusters=[i // CLUSTER for i in range(EXAMPLES)],
@@ -130,12 +131,13 @@ def run(
     loss: Loss,
     seeds: tuple[int, ...] = (0, 1, 2),
     executor: Fake | None = None,
+    task_rate: float | None = 1e-3,
     **protocol: Any,
 ) -> tuple[dict[str, Any], Fake]:
     """The arena on the fake task into `out` (resumed when it holds a record), to its end or the
     executor's stop."""
     out.mkdir(parents=True, exist_ok=True)
-    task = fake_task()
+    task = fake_task(task_rate)
     if not (out / "results.json").exists():  # the prices of a timed calibration, written by hand
         record = Record.open(out, task.describe(), task.identity(), "test")
         record.data["calibration"] = {"forward_seconds": 1.0, "step_seconds": dict(PRICE)}

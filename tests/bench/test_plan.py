@@ -288,3 +288,23 @@ def test_checkpoints_lost_with_the_coordinator_are_rebuilt_segment_by_segment(tm
     runs = lambda data: sorted((r["key"], r["eval_loss"]) for r in data["runs"])  # noqa: E731
     assert runs(again) == runs(whole) and again["verdicts"] == whole["verdicts"]
     assert len(executor.ran) > len(again["runs"]) - 19  # recorded segments were run again
+
+
+def test_a_record_keeps_the_centre_its_range_test_gave_when_it_ran(tmp_path):
+    """A record resumed after the range test's rule changed keeps its races' centre: the centre kept with
+    the test is used, not the current rule's reading of its losses (which would move every rate and leave
+    the runs made unused)."""
+    from hf_hybrid.bench.range_test import suggested_rate
+
+    class KeptCentre(Fake):
+        def wait(self):
+            done = super().wait()
+            if done[0].spec.kind == "range_test":
+                done[0].measured.details["centre"] = 0.00123
+            return done
+
+    executor = KeptCentre(lambda m, r, b, s: plain_loss(r, b, s))
+    data, _ = run(tmp_path, ["plain"], None, seeds=(0,), executor=executor, task_rate=None)
+    (test,) = [r for r in data["runs"] if r["kind"] == "range_test"]
+    assert suggested_rate(test["losses"], test["stop"]) != 0.00123
+    assert data["decisions"]["base_learning_rate"] == 0.00123

@@ -96,6 +96,7 @@ def test_a_users_csv_and_local_model_run_through_the_arena(user_files, tmp_path)
     (test,) = [r for r in data["runs"] if r["kind"] == "range_test"]
     base = data["decisions"]["base_learning_rate"]
     assert 0 < base < 10 and len(test["losses"]) == test["stop"]
+    assert test["details"]["centre"] == base  # kept with the test: a later rule does not move the races
     assert test["key"] not in data["unused"] and data["plain"]["cost_plain_runs"]["range_test"] > 0
     assert all(
         r["learning_rate"] == pytest.approx(base * r["lr_multiplier"]) for r in data["runs"] if r["point"]
