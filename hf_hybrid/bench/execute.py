@@ -84,9 +84,7 @@ def run_spec(task: BenchTask, spec: RunSpec, method: Method | None = None) -> Me
         eval_example_losses=[round(v, 5) for v in examples] if spec.per_example else None,
         eval_example_tokens=counts if spec.per_example else None,
     )
-    if (
-        spec.kind == RANGE_TEST
-    ):  # the centre its rule gave, kept: a record resumed under a later rule keeps it
+    if spec.kind == RANGE_TEST:  # its centre is kept: a record resumed under a later rule keeps it
         result.details["centre"] = suggested_rate(result.losses, spec.stop)
     return result
 

@@ -6,12 +6,12 @@ up (more than 4x its minimum so far, or a loss that is not finite) over `BLOW_UP
 
 Why the blow-up and not fastai's minimum/10: on a fine-tune the loss barely moves before it blows up, so
 its minimum is a noisy pick among flat batches (0.3x-10x of the raced rate on seven tasks), while the
-point where it blows up is sharp. The ramp passes eight decades in 20-100 steps and the average lags, so
-the loss blows up far above any rate that trains well: on the seven tasks of
-`benchmarks/range_test_calibration.py` the raced rate was about 1/2500 of it (each task's ratio, the divisor
-fitted on the other six: 0.41x-2.9x). A default rate such as 5e-5 is far too low for a model trained
-from scratch and can be too high for a large fine-tune; the sweep widens from this centre until its best
-rate is interior, so the test only has to land within a few factors of two.
+point where it blows up is sharp. The ramp passes eight decades in 20-100 steps and the average lags,
+so the loss blows up far above any rate that trains well: on the seven tasks of
+`benchmarks/range_test_calibration.py` the raced rate was about 1/2500 of it (each task's ratio with
+the divisor fitted on the other six: 0.41x-2.9x). A default rate such as 5e-5 is far too low for a model
+trained from scratch and can be too high for a large fine-tune; the sweep widens from this centre until
+its best rate is interior, so the test only has to land within a few factors of two.
 """
 
 from __future__ import annotations
