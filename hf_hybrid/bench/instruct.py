@@ -2,8 +2,10 @@
 
 Each example: a stdlib function's or class's signature (the prompt, labels -100), then its docstring's
 first paragraph and the end-of-text byte 0, cut at `seq_len`, from files the pretrained decoder
-(`decoder.py`) never saw; files go to train or eval by a hash of their path. Batches are padded to their
-longest example (`PadToLongest`) and the task is priced per token.
+(`decoder.py`) never saw; a fifth of each file's examples is held out for eval (by a hash of the file and
+the example's place in it), only from files the training set draws from: eval is the training distribution,
+clustered by file. Batches are padded to their longest example (`PadToLongest`) and the task is priced per
+token.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from .methods.packing import IGNORE, PadToLongest, length_spread
 from .task import BenchTask
 
 EOS = 0  # the decoder's end-of-text byte (`bos_token_id = eos_token_id = 0`)
-EVAL_PERCENT = 20  # of the files
+EVAL_PERCENT = 20  # of each file's examples
 
 
 @dataclass(frozen=True)
@@ -78,8 +80,9 @@ def unseen_files(recipe: Recipe | None = None) -> list[Path]:
     raise ValueError("the decoder's pretraining read the whole standard library: no unseen files are left")
 
 
-def is_eval_document(document: str) -> bool:
-    return hashlib.sha256(document.encode()).digest()[0] % 100 < EVAL_PERCENT
+def is_eval_example(document: str, index: int) -> bool:
+    """Whether the `index`-th example of `document` is held out (stable across machines)."""
+    return hashlib.sha256(f"{document}:{index}".encode()).digest()[0] % 100 < EVAL_PERCENT
 
 
 def encode(pair: Pair, seq_len: int) -> dict[str, list[int]] | None:
@@ -102,28 +105,34 @@ def all_pairs() -> tuple[Pair, ...]:
 
 
 @lru_cache(maxsize=4)
-def instruct_split(size: Any) -> tuple[Any, Any, tuple[int, ...], tuple[str, ...]]:
-    """(train, eval, each eval example's document number, the eval documents) at `size`."""
-    train: list[dict[str, list[int]]] = []
+def instruct_split(size: Any) -> tuple[Any, Any, tuple[int, ...], tuple[str, ...], frozenset[str]]:
+    """(train, eval, each eval example's document number, the eval documents, the documents trained on) at
+    `size`."""
+    train: list[tuple[dict[str, list[int]], str]] = []
     held_out: list[tuple[dict[str, list[int]], str]] = []
+    places: dict[str, int] = {}
     for pair in all_pairs():
+        index = places[pair.document] = places.get(pair.document, -1) + 1
         example = encode(pair, size.seq_len)
-        if example is not None and is_eval_document(pair.document):
-            held_out.append((example, pair.document))
-        elif example is not None:
-            train.append(example)
-    for split, have, wanted in (
-        ("train", len(train), size.train_examples),
-        ("eval", len(held_out), size.eval_examples),
-    ):
-        if have < wanted:
-            raise ValueError(f"the docstrings gave {have} {split} examples, fewer than {wanted}")
+        if example is not None:
+            (held_out if is_eval_example(pair.document, index) else train).append((example, pair.document))
+    if len(train) < size.train_examples:
+        raise ValueError(f"the docstrings gave {len(train)} train examples, fewer than {size.train_examples}")
+    chosen_train = [train[i] for i in random.Random(0).sample(range(len(train)), size.train_examples)]
+    trained = {document for _, document in chosen_train}
+    held_out = [(example, document) for example, document in held_out if document in trained]
+    if len(held_out) < size.eval_examples:
+        raise ValueError(
+            f"the docstrings gave {len(held_out)} eval examples from the files trained on, fewer than "
+            f"{size.eval_examples}"
+        )
     chosen = [held_out[i] for i in sorted(random.Random(0).sample(range(len(held_out)), size.eval_examples))]
     documents = tuple(sorted({document for _, document in chosen}))
     number = {name: k for k, name in enumerate(documents)}
-    train_set = Dataset.from_list(train).shuffle(seed=0).select(range(size.train_examples))
+    train_set = Dataset.from_list([example for example, _ in chosen_train])
     eval_set = Dataset.from_list([example for example, _ in chosen])
-    return train_set, eval_set, tuple(number[document] for _, document in chosen), documents
+    clusters = tuple(number[document] for _, document in chosen)
+    return train_set, eval_set, clusters, documents, frozenset(trained)
 
 
 def eval_clusters(size: Any) -> list[int]:

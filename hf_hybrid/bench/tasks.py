@@ -145,7 +145,7 @@ def decoder_data(size: TaskSize) -> tuple[Any, Any, list[int]]:
 _DECODER_SIZES = {
     "tiny": TaskSize(steps=8, batch_size=4, seq_len=32, train_examples=64, eval_examples=16),
     "quick": TaskSize(steps=100, batch_size=8, seq_len=128, train_examples=1024, eval_examples=64),
-    "full": TaskSize(steps=200, batch_size=8, seq_len=128, train_examples=2400, eval_examples=896),
+    "full": TaskSize(steps=200, batch_size=8, seq_len=128, train_examples=2300, eval_examples=896),
 }
 _CLM_SIZES = {
     "tiny": TaskSize(steps=20, batch_size=4, seq_len=32, train_examples=256, eval_examples=16),
@@ -160,7 +160,7 @@ _GPT2_SIZES = {
 _CLS_SIZES = {
     "tiny": TaskSize(steps=6, batch_size=4, seq_len=16, train_examples=64, eval_examples=16),
     "quick": TaskSize(steps=60, batch_size=8, seq_len=48, train_examples=1024, eval_examples=128),
-    "full": TaskSize(steps=200, batch_size=16, seq_len=64, train_examples=3200, eval_examples=2000),
+    "full": TaskSize(steps=200, batch_size=16, seq_len=64, train_examples=3200, eval_examples=1520),
 }
 
 TASKS: dict[str, Task] = {
