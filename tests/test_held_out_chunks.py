@@ -13,7 +13,7 @@ def _documents(sizes: list[int]) -> list[list[tuple[int, int]]]:
 
 def test_every_eval_item_comes_from_a_document_that_also_trains_and_clusters_by_document():
     documents = _documents([3, 10, 1, 25, 7, 40, 2, 30])
-    train, evaluation, clusters = held_out_chunks(documents, train_wanted=60, eval_wanted=20, chunk=2, every=3)
+    train, evaluation, clusters = held_out_chunks(documents, 60, 20, chunk=2, every=3)
     assert len(train) == 60 and len(evaluation) == len(clusters) == 20
     assert not set(train) & set(evaluation)
     assert [doc for doc, _ in evaluation] == clusters  # a cluster is the eval item's document
