@@ -12,6 +12,7 @@ recorded segment again, which must reproduce the recorded losses (a note says so
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 from collections import Counter
@@ -118,6 +119,9 @@ class Arena:
         self.budgets = Budgets(task.max_steps, protocol.cooldown, protocol.decay, warmup)
         self.executor = executor or InProcess(task)
         self.calibration: Calibration | None = None
+        # this process's runs: a time ratio compares only runs of one invocation (a machine's load moves
+        # between invocations: 3.6x between a quiet and a loaded hour)
+        self.invocation = f"{time.strftime('%Y-%m-%dT%H:%M:%S')}-{os.getpid()}"
         self.out = record.path.parent
         self.rebuilds: dict[str, int] = {}
 
@@ -281,7 +285,9 @@ class Arena:
             self.record.data["eval_example_tokens"] = tokens
         seconds = self._cost_before(spec) + measured["own_seconds"]
         units = self.calibration.cost(measured["step_counts"])
-        return RunRow(**_identity(spec), **measured, units=units, seconds=seconds, attempts=1)
+        return RunRow(
+            **_identity(spec), **measured, units=units, seconds=seconds, attempts=1, invocation=self.invocation
+        )
 
     def _cost_before(self, spec: RunSpec) -> float:
         """The seconds the trunk spent up to `spec`'s start (the units travel in the step counts)."""

@@ -16,12 +16,10 @@ from typing import Any
 
 from .budget import Budgets
 from .methods import BRANCHED, CONSTANT, SEPARATE_RUNS, Method
-from .protocol import BUDGETS, READ_AT, SAME_TRAJECTORY_BUDGET, SCHEDULE_CHECK_AT
+from .protocol import BUDGETS, READ_AT
 from .rows import Rows, RunRow
 from .spec import BRANCH, SEGMENT, SEPARATE, RunSpec, schedule_json
 
-KEEP_EXAMPLES = (SAME_TRAJECTORY_BUDGET, READ_AT)  # budgets whose per-example eval losses are kept
-CHECK_AT = SCHEDULE_CHECK_AT  # and plain's points there, which the schedule check pairs
 
 
 class Chains:
@@ -143,7 +141,7 @@ class Chains:
             schedule_json=schedule_json(schedule),
             trunk_dir=str(self.trunk_dir(method, seed, multiplier)) if trunk else None,
             evaluate=evaluate,
-            per_example=evaluate and (budget in KEEP_EXAMPLES or (method == "plain" and budget == CHECK_AT)),
+            per_example=evaluate,  # every point: pairs at any budget, the frontier's slope, the checks
         )
 
     def replay_spec(self, null: Method, parent: RunRow) -> RunSpec:

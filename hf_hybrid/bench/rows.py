@@ -48,6 +48,7 @@ class RunRow:
     error: str | None = None  # a run that failed twice: its last error
     attempts: int = 1
     spec: dict[str, Any] = field(default_factory=dict)  # the RunSpec it ran (`RunSpec.from_dict`)
+    invocation: str | None = None  # the arena process that ran it: times compare only within one
 
     @property
     def failed(self) -> bool:
