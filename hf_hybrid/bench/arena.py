@@ -286,7 +286,12 @@ class Arena:
         seconds = self._cost_before(spec) + measured["own_seconds"]
         units = self.calibration.cost(measured["step_counts"])
         return RunRow(
-            **_identity(spec), **measured, units=units, seconds=seconds, attempts=1, invocation=self.invocation
+            **_identity(spec),
+            **measured,
+            units=units,
+            seconds=seconds,
+            attempts=1,
+            invocation=self.invocation,
         )
 
     def _cost_before(self, spec: RunSpec) -> float:

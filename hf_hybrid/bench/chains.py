@@ -21,7 +21,6 @@ from .rows import Rows, RunRow
 from .spec import BRANCH, SEGMENT, SEPARATE, RunSpec, schedule_json
 
 
-
 class Chains:
     """The specs of points and their trunk chains, over a record's rows."""
 
