@@ -5,11 +5,12 @@
 
 Reads the current judge's records (schema 3), `benchmarks/results/arena/<task>/results.json` (or
 `<task>/<task>/results.json`, where `--tasks` put it), one `hf-hybrid bench` invocation per task, the
-command in each record. Each verdict that differs from the previous judge's (schema 2, read at each
-method's best budget: `benchmarks/results/arena_v2/<task>/report.md`) is named. One row per method
-family; a family with several members listed (`freeze:k`, `dropbp:p`) shows the member with the best
-speed-up. A method *wins everywhere* when it wins on every task with each speed-up >= 1.0x and a
-median >= 1.2x.
+command in each record. Each verdict that differs from the previous table's records
+(`benchmarks/results/arena_v3/`, the same protocol before its timing, noise and eval sets were made sound)
+is named. One row per method
+family; a family with several members listed (`freeze:k`, `packing`, `packing:rows`) shows the member with
+the best verdict (wins, ties, unresolved, untuned, loses; time verdicts included), then the best speed-up.
+A method *wins everywhere* when it wins on every task with each speed-up >= 1.0x and a median >= 1.2x.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from hf_hybrid.bench.report import recommendation, what_would_reach
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "arena"
-PREVIOUS = ROOT / "benchmarks" / "results" / "arena_v2"  # the previous judge's records (schema 2)
+PREVIOUS = ROOT / "benchmarks" / "results" / "arena_v3"  # the previous table's records
 README = ROOT / "README.md"
 START, END = "<!-- arena-table:start -->", "<!-- arena-table:end -->"
 TASK_ORDER = ("clm_stdlib", "minilm_cls", "minilm_lora", "decoder_ft", "decoder_lora", "instruct_docstrings")
@@ -33,7 +34,7 @@ SCHEMA = 3
 MARKS = {"lower_bound": ">", "upper_bound": "<"}
 FAMILIES = (
     ("plain", "plain `Trainer`, lr raced (the judge)"),
-    ("hybrid", "`hybrid` (library defaults)"),
+    ("hybrid", "`hybrid` (library defaults: padding removed where it pays, the spike guard)"),
     ("hybrid-predict", "`hybrid-predict` (forced to predict)"),
     ("null-hybrid", "its null control (same phases, nothing applied)"),
     ("freeze", "`freeze:k` (the best k listed)"),
@@ -42,7 +43,7 @@ FAMILIES = (
     ("dropbp", "`dropbp:p` (the best p listed)"),
     ("args:optim=schedule_free_adamw", "schedule-free AdamW (no decay: each budget its trunk's point)"),
     ("peft", "LoRA instead of the full fine-tune (`peft:lora`)"),
-    ("packing", "`packing` (no padding, one row per batch)"),
+    ("packing", "`packing` (padding removed: `packing` one row a batch, `packing:rows` bin-packed rows)"),
     ("packing-naive", "`packing-naive`"),
     ("group_by_length", "`group_by_length`"),
     ("args:torch_compile=true", "`torch.compile` (same trajectory: judged in time)"),
@@ -100,16 +101,31 @@ def changes(records: dict[str, dict], previous: dict[str, dict]) -> list[str]:
 # ---- the current judge (schema 3): every verdict at the full budget, against its band -------------------
 
 
+VERDICT_ORDER = ("wins", "ties", "unresolved", "untuned", "loses")
+
+
+def speedup(row: dict) -> float:
+    """What a verdict is read on: time for a same-trajectory method, compute units otherwise."""
+    value = row.get("speedup_time") if row.get("same_trajectory") else row.get("speedup_units")
+    return value or 0.0
+
+
 def pick(record: dict, name: str) -> dict | None:
     """The family's verdict row: for a null control, the one of `hybrid-predict` when there are two; of
-    several members, the one with the best speed-up."""
+    several members, the one with the best verdict, then the best speed-up (a same-trajectory member's
+    1.0x in units would otherwise hide its win in time)."""
     rows = [v for v in record["verdicts"] if family(v["method"]) == name]
     if name == "null-hybrid":
         preferred = [v for v in rows if (v.get("null_control_of") or "").startswith("hybrid-predict")]
         rows = preferred or rows
     if not rows:
         return None
-    return max(rows, key=lambda v: v["speedup_units"])
+
+    def rank(row: dict) -> tuple[int, float]:
+        word = row["verdict"]
+        return (-VERDICT_ORDER.index(word) if word in VERDICT_ORDER else -len(VERDICT_ORDER), speedup(row))
+
+    return max(rows, key=rank)
 
 
 def units_text(row: dict) -> str:
@@ -117,11 +133,21 @@ def units_text(row: dict) -> str:
     return MARKS.get(row.get("speedup_units_kind") or "", "") + f"{row['speedup_units']:.2f}x"
 
 
+def time_text(row: dict) -> str:
+    return "time not side by side" if row.get("speedup_time") is None else f"{row['speedup_time']:.2f}x"
+
+
 def band_text(row: dict) -> str:
     band = row.get("band") or {}
-    if "low" not in band or not math.isfinite(band["high"]):
+    if band.get("low") is None or band.get("high") is None or not math.isfinite(band["high"]):
         return "no band"
     return f"band {band['low']:.2f}–{band['high']:.2f}x"
+
+
+def delta_text(row: dict) -> str:
+    """The eval-loss difference, and where a win ends worse than plain, that it never reaches plain's."""
+    text = f"{row['loss_delta']:+.3f}"
+    return text + ", never plain's loss" if row.get("never_reaches_plain") else text
 
 
 def cell(row: dict | None) -> str:
@@ -129,20 +155,20 @@ def cell(row: dict | None) -> str:
         return "–"
     if row["verdict"] == "baseline":
         return "1.00x"
-    name = "" if family(row["method"]) in UNNAMED or row.get("same_trajectory") else f"`{row['method']}`: "
+    named = family(row["method"]) not in UNNAMED and (family(row["method"]) != row["method"])
+    name = f"`{row['method']}`: " if named or family(row["method"]) in ("packing",) else ""
     word = f"**{row['verdict']}**" + (", never engaged" if row.get("engaged") is False else "")
     if row.get("same_trajectory"):
-        return f"same trajectory, {row['speedup_time']:.2f}x in time ({band_text(row)}), {word}"
+        timing = row.get("timing") or {}
+        pairs = f", {timing['pairs']} timed pairs" if timing.get("pairs") else ""
+        return f"{name}same trajectory, {time_text(row)} in time ({band_text(row)}{pairs}), {word}"
     if row.get("stopped_at"):
         return (
-            f"{name}{units_text(row)} at {row['stopped_at']:g} of the budget ({row['loss_delta']:+.3f}; "
-            f"{band_text(row)}), {word} (stopped there)"
+            f"{name}{units_text(row)} at {row['stopped_at']:g} of the budget ({delta_text(row)} against "
+            f"plain there; {band_text(row)}), {word} (stopped there)"
         )
     seeds = "" if len(row["seeds"]) > 1 else " (1 seed)"
-    return (
-        f"{name}{units_text(row)} / {row['speedup_time']:.2f}x ({row['loss_delta']:+.3f}; {band_text(row)}), "
-        f"{word}{seeds}"
-    )
+    return f"{name}{units_text(row)} / {time_text(row)} ({delta_text(row)}; {band_text(row)}), {word}{seeds}"
 
 
 def _name(row: dict) -> str:
@@ -168,11 +194,7 @@ def wins_somewhere(records: dict[str, dict]) -> str:
     for task, record in records.items():
         rows = [v for v in record["verdicts"] if v["verdict"] == "wins"]
         if rows:
-            named = ", ".join(
-                f"{_name(v)} {units_text(v)} / {v['speedup_time']:.2f}x "
-                f"(eval loss {v['loss_delta']:+.3f} vs plain, {band_text(v)}, {len(v['seeds'])} seeds)"
-                for v in sorted(rows, key=lambda v: -v["speedup_units"])
-            )
+            named = ", ".join(f"{_name(v)} {_win_text(v)}" for v in sorted(rows, key=lambda v: -speedup(v)))
             parts.append(f"on `{task}` {named}")
     if not parts:
         return "No method wins on any single task either."
@@ -180,7 +202,8 @@ def wins_somewhere(records: dict[str, dict]) -> str:
         v["verdict"] == "wins" and v.get("null_control_of") for r in records.values() for v in r["verdicts"]
     )
     return (
-        "Where a method does win (above its band at the full budget; compute units / time): "
+        "Where a method does win (above its band; compute units / time, or time alone for a method that "
+        "trains plain's trajectory): "
         + "; ".join(parts)
         + "."
         + (
@@ -193,6 +216,17 @@ def wins_somewhere(records: dict[str, dict]) -> str:
     )
 
 
+def _win_text(row: dict) -> str:
+    if row.get("same_trajectory"):
+        pairs = (row.get("timing") or {}).get("pairs")
+        return f"{time_text(row)} in time ({band_text(row)}, {pairs} timed pairs, same trajectory)"
+    seeds = len(row["seeds"])
+    return (
+        f"{units_text(row)} / {time_text(row)} (eval loss {delta_text(row)} vs plain, {band_text(row)}, "
+        f"{seeds} seed{'s' if seeds > 1 else ''})"
+    )
+
+
 def resolution_line(task: str, record: dict) -> str:
     """A task's resolution (the smallest speed-up its judge tells from 1.0x) and what its verdicts cost."""
     plain = record.get("plain") or {}
@@ -200,9 +234,12 @@ def resolution_line(task: str, record: dict) -> str:
     if not res:
         text = "no resolution yet"
     elif res["slope"] <= 0:
-        text = "no resolution: plain's eval loss no longer falls at the full budget"
+        text = "no resolution: plain's eval loss no longer falls where the verdicts read"
     else:
-        text = f"resolution {res['resolution']:.2f}x at {res['seeds']} seed(s)"
+        clusters = f", {res['eval_clusters']} eval documents" if res.get("eval_clusters") else ""
+        text = f"resolution {res['resolution']:.2f}x at {res['seeds']} seed(s){clusters}"
+        if plain.get("read_at", 1.0) != 1.0:
+            text += f", read at {plain['read_at']:g} of the budget (plain's loss rose after it)"
         if res["resolution"] > res.get("target", 1.15):
             text += f" ({res.get('target', 1.15):g}x would take {what_would_reach(res)})"
     methods = sum(
@@ -243,14 +280,16 @@ def current_table(records: dict[str, dict], previous: dict[str, dict]) -> str:
         "",
         wins_somewhere(records),
         "",
-        "Speed-up at equal eval loss against the plain `Trainer`, every verdict read at the full budget "
-        "([the protocol](docs/bench.md#the-protocol)): plain and every method raced by the same rules, "
-        "each method's eval loss paired seed by seed with plain's and read on plain's frontier as the cost "
-        "plain needs to get there. Compute units / time (eval loss − plain's; the band a verdict must "
-        "leave: 2 standard errors joining the plain seeds' spread, the eval set's documents, the budget "
-        "grid and the price), verdict. `>` = a lower bound (below every plain point's eval loss), `<` an "
-        "upper bound. Other seeds run only where they could change a verdict (else 1 seed); a method below "
-        "twice its band at half the budget stops there.",
+        "Speed-up at equal eval loss against the plain `Trainer`, every verdict read at one budget fixed "
+        "from plain's runs ([the protocol](docs/bench.md#the-protocol)): plain and every method raced by "
+        "the same rules, each method's eval loss paired seed by seed with plain's and read on plain's "
+        "frontier as the cost plain needs to get there. Compute units / time (eval loss − plain's; the "
+        "band a verdict must leave: a 95% t interval joining the plain seeds' spread, the eval set's "
+        "documents, the budget grid, the price and the frontier's slope), verdict. A method that trains "
+        "plain's trajectory is judged in time on interleaved timed pairs. `>` = a lower bound (below every "
+        "plain point's eval loss), `<` an upper bound. Time is shown only where the method and plain ran "
+        "in one invocation. Other seeds run only where they could change a verdict (else 1 seed); a "
+        "method below twice its band at half the budget stops there.",
         "",
         "| method | " + " | ".join(f"`{t}`" for t in tasks) + " |",
         "|---|" + "---|" * len(tasks),
@@ -287,12 +326,12 @@ def current_table(records: dict[str, dict], previous: dict[str, dict]) -> str:
     if changed:
         lines += [
             "",
-            "Verdicts changed from the previous judge's (`benchmarks/results/arena_v2/`):",
+            "Verdicts changed from the previous table's (`benchmarks/results/arena_v3/`):",
             "",
             *changed,
         ]
     if previous:
-        lines += ["", "The previous judge's reports: `benchmarks/results/arena_v2/<task>/report.md`."]
+        lines += ["", "The previous table's reports: `benchmarks/results/arena_v3/<task>/report.md`."]
     return "\n".join(lines)
 
 

@@ -156,8 +156,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "hf_hybrid/bench/reading.py",
         (
             (
-                "    pairs = [(rows[s], evidence.plain_full[s]) for s in seeds]",
-                "    pairs = [(rows[s], evidence.plain_full[first]) for s in seeds]",
+                "    pairs = [(rows[s], evidence.plain_full[s] if full else evidence.at(budget)) "
+                "for s in seeds]",
+                "    pairs = [(rows[s], evidence.plain_full[first] if full else evidence.at(budget)) "
+                "for s in seeds]",
             ),
         ),
         ("tests/bench/test_plan.py::test_every_verdict_reads_the_full_budget_paired_with_plain_s_seeds",),
@@ -168,6 +170,19 @@ MUTANTS: tuple[Mutant, ...] = (
         "hf_hybrid/bench/protocol.py",
         (("else np.unique(np.asarray(clusters), return_inverse=True)[1]", "else np.arange(d.size)"),),
         ("tests/bench/test_protocol.py",),
+    ),
+    Mutant(
+        "m",
+        "a time verdict's interval is one standard error of its pairs, not their t interval",
+        "hf_hybrid/bench/protocol.py",
+        (
+            (
+                "    half = t_quantile(CONFIDENCE, len(logs) - 1) * statistics.stdev(logs) / "
+                "math.sqrt(len(logs))",
+                "    half = statistics.stdev(logs) / math.sqrt(len(logs))",
+            ),
+        ),
+        ("tests/bench/test_null_records.py", "tests/bench/test_protocol.py"),
     ),
     Mutant(
         "h",

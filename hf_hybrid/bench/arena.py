@@ -12,6 +12,7 @@ recorded segment again, which must reproduce the recorded losses (a note says so
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import time
@@ -28,6 +29,7 @@ from .executors import Finished, InProcess, describe
 from .methods import NULL, Method, parse_method
 from .plan import Plan, Planner
 from .protocol import Protocol, rules
+from .reading import MIXED
 from .record import Record
 from .rows import Rows, RunRow, is_point
 from .spec import RunSpec
@@ -207,6 +209,7 @@ class Arena:
             eval_clusters=self.record.data.get("eval_clusters"),
             eval_weights=self.record.data.get("eval_example_tokens"),
             price_errors=(self.record.data.get("calibration") or {}).get("relative_errors"),
+            price_df=price_df(self.record.data.get("calibration") or {}),
         )
 
     def _plan(self) -> Plan:
@@ -283,24 +286,21 @@ class Arena:
         tokens = measured.pop("eval_example_tokens")
         if tokens and "eval_example_tokens" not in self.record.data:
             self.record.data["eval_example_tokens"] = tokens
-        seconds = self._cost_before(spec) + measured["own_seconds"]
+        before = self._segment_before(spec)
+        seconds = (before.seconds if before is not None else 0.0) + measured["own_seconds"]
         units = self.calibration.cost(measured["step_counts"])
-        return RunRow(
-            **_identity(spec),
-            **measured,
-            units=units,
-            seconds=seconds,
-            attempts=1,
-            invocation=self.invocation,
-        )
+        invocation = self.invocation
+        if before is not None and before.invocation != invocation:
+            invocation = MIXED  # its seconds add up runs timed on differently loaded machines
+        identity = {**_identity(spec), "invocation": invocation}
+        return RunRow(**identity, **measured, units=units, seconds=seconds, attempts=1)
 
-    def _cost_before(self, spec: RunSpec) -> float:
-        """The seconds the trunk spent up to `spec`'s start (the units travel in the step counts)."""
+    def _segment_before(self, spec: RunSpec) -> RunRow | None:
+        """The recorded trunk segment that `spec` continues (its seconds up to the start; the units travel
+        in the step counts)."""
         if spec.start == 0:
-            return 0.0
-        planner = self._planner()
-        before = self.record.rows().get(planner.segment_before(spec).key)
-        return before.seconds if before is not None else 0.0
+            return None
+        return self.record.rows().get(self._planner().segment_before(spec).key)
 
     def _failed_row(self, spec: RunSpec, error: str | None) -> RunRow:
         return RunRow(
@@ -397,6 +397,12 @@ def _identity(spec: RunSpec) -> dict[str, Any]:
         "replays": spec.replays,
         "spec": spec.to_dict(),
     }
+
+
+def price_df(calibration: dict[str, Any]) -> float:
+    """The degrees of freedom of the calibrated prices: their timed steps less one."""
+    timed = calibration.get("timed_steps", 0)
+    return timed - 1 if timed > 1 else math.inf
 
 
 def _duration(seconds: float) -> str:

@@ -1,7 +1,8 @@
 """The price of each kind of step on this task and machine, measured, in forward-pass units.
 
 One unit is a no-grad forward over a training batch; a plain step costs what it measures (not the
-textbook's 3), a blind step 0 (its update shows in time), a method's own kinds what running it costs
+textbook's 3), a blind step 0 itself (its update is in the engine's own measured milliseconds,
+`engine_ms`, priced at a millisecond over a forward's seconds), a method's own kinds what running it costs
 (`Method.calibration_variant`). On a task priced per token each kind also gets a price per token.
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .methods import BLIND, FORWARD, STEP, Method, TrialContext, parse_method
+from .methods import BLIND, ENGINE_MS, FORWARD, STEP, Method, TrialContext, parse_method
 from .methods.base import token_kind
 from .runner import StepTimer, quiet
 from .task import BenchTask
@@ -35,6 +36,8 @@ class Calibration:
             return 0.0
         if kind == FORWARD:
             return 1.0
+        if kind == ENGINE_MS:  # measured on the run's own clock (CPU time on CPU), as the forward was
+            return 1e-3 / self.forward_seconds
         if kind not in self.step_seconds:
             raise KeyError(f"no calibrated price for the step kind {kind!r}")
         return self.step_seconds[kind] / self.forward_seconds
@@ -57,7 +60,7 @@ class Calibration:
         return {
             "forward_seconds": self.forward_seconds,
             "step_seconds": dict(self.step_seconds),
-            "units": {kind: self.units(kind) for kind in (*self.step_seconds, FORWARD, BLIND)},
+            "units": {kind: self.units(kind) for kind in (*self.step_seconds, FORWARD, BLIND, ENGINE_MS)},
             "timed_steps": self.steps,
             "relative_errors": dict(self.errors),
         }
@@ -85,7 +88,8 @@ def calibrate(
     """Price the forward, the plain step and methods' own kinds not priced yet (failures: by spec)."""
     if known is None:
         forward = _forward_seconds(task, seed, warm_steps, timed_steps)
-        known = Calibration(statistics.fmean(forward), errors={FORWARD: relative_error(forward)})
+        error = relative_error(forward)
+        known = Calibration(statistics.fmean(forward), errors={FORWARD: error, ENGINE_MS: error})
     calibration = known
     calibration.steps = calibration.steps or timed_steps
     if STEP not in calibration.step_seconds:

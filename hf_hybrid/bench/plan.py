@@ -44,6 +44,7 @@ class Decisions:
     mode: str = "wsd"
     plain: dict[str, Any] = field(default_factory=dict)  # plain's race
     schedule_check: dict[str, Any] = field(default_factory=dict)
+    read_at: float | None = None  # the budget every verdict reads (`protocol.reading_budget`)
     methods: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
@@ -69,6 +70,13 @@ class Plan:
     complete: bool
 
 
+def interleaved(specs: list[RunSpec]) -> list[RunSpec]:
+    """The ready specs with the timed runs last, round by round (`repeat`), plain first in each round:
+    the executor hands them out in this order, so a round's runs share the machine's load."""
+    timed = sorted((s for s in specs if s.repeat), key=lambda s: (s.repeat, s.method != "plain", s.method))
+    return [s for s in specs if not s.repeat] + timed
+
+
 class Planner(Chains):
     def __init__(
         self,
@@ -83,6 +91,7 @@ class Planner(Chains):
         eval_clusters: Sequence[int] | None = None,
         eval_weights: Sequence[float] | None = None,
         price_errors: dict[str, float] | None = None,
+        price_df: float = math.inf,
     ) -> None:
         super().__init__(
             budgets, rows, methods, nulls, base_learning_rate, task_schedule, out, protocol.schedule
@@ -90,6 +99,7 @@ class Planner(Chains):
         self.protocol = protocol
         self.clusters, self.weights = eval_clusters, eval_weights
         self.price_errors = dict(price_errors or {})
+        self.price_df = price_df
         self.decisions = Decisions(mode=protocol.schedule)
         self.first = protocol.seeds[0]
 
@@ -101,13 +111,16 @@ class Planner(Chains):
             if plain.decided:
                 if self._schedule_check():
                     plain = self._plain_race()  # again, in separate runs of the task's own schedule
-                if plain.decided:  # the run-to-run noise, and the plain run each method's seed is paired with
-                    self._need([self.run_spec("plain", seed, plain.rate) for seed in self.protocol.seeds[1:]])
+                if plain.decided and self._reading_budget() is not None:
+                    # the run-to-run noise, and the plain run each method's seed is paired with
+                    rate = self.plain_rate
+                    others = [self.run_spec("plain", s, rate, self.read_at) for s in self.protocol.seeds[1:]]
+                    self._need(others)
                     for method in self.methods:
                         self._method(method)
         complete = not self.waiting and not self.ready and not self.reuse and not self.doomed
         return Plan(
-            list(self.ready.values()),
+            interleaved(list(self.ready.values())),
             list(self.rebuild.values()),
             list(self.reuse.values()),
             list(self.doomed.values()),
@@ -115,6 +128,18 @@ class Planner(Chains):
             self.used,
             complete,
         )
+
+    def _reading_budget(self) -> float | None:
+        """The budget every verdict reads, from plain's first-seed frontier alone, once it is complete."""
+        frontier = self.frontier()
+        if frontier is None:
+            return None
+        self.decisions.read_at = rules.reading_budget([(p.budget, p.loss) for p in frontier])
+        return self.decisions.read_at
+
+    @property
+    def read_at(self) -> float:
+        return self.decisions.read_at or READ_AT
 
     def _base_rate(self) -> float | None:
         """The races' centre: the task's rate, or a range test's (looked up even once its rate is in the
@@ -192,10 +217,10 @@ class Planner(Chains):
     def evidence(self, all_seeds: bool = False) -> reading.Evidence | None:
         """Plain's frontier and full-budget runs so far (None while the frontier is incomplete; with
         `all_seeds`, also while a seed's full-budget run is missing)."""
-        frontier, rate = self.frontier(), self.plain_rate
-        if frontier is None:
+        frontier = self.frontier()
+        if frontier is None or self._reading_budget() is None:
             return None
-        full = {s: self.full_point("plain", s, rate) for s in self.protocol.seeds}
+        full = {s: self.full_point("plain", s, self.plain_rate) for s in self.protocol.seeds}
         if all_seeds and any(r is None for r in full.values()):
             return None
         return reading.Evidence(
@@ -203,6 +228,8 @@ class Planner(Chains):
             {s: r for s, r in full.items() if r is not None},
             self.clusters,
             self.weights,
+            self.read_at,
+            self.price_df,
         )
 
     def kinds(self, method: str) -> list[str]:
@@ -217,7 +244,7 @@ class Planner(Chains):
 
     def _method(self, method: Method) -> None:
         record: dict[str, Any] = self.decisions.methods.setdefault(method.spec, {})
-        plain_rate = self.decisions.best[READ_AT]
+        plain_rate = self.plain_rate
         reason = method.provably_plain(self.budgets.max_steps)
         if reason is not None:
             self._provably_plain(method, plain_rate, reason, record)
@@ -237,8 +264,12 @@ class Planner(Chains):
             self.waiting = True
             return
         half = self.point(method.spec, self.first, state.rate, rules.EARLY_STOP_AT)
-        early = reading.read(evidence, {self.first: half}, self.price_error(method.spec), rules.EARLY_STOP_AT)
-        if rules.stops_early(early.speedup, early.band):
+        early = None
+        if self.read_at > rules.EARLY_STOP_AT:
+            early = reading.read(
+                evidence, {self.first: half}, self.price_error(method.spec), rules.EARLY_STOP_AT
+            )
+        if early is not None and rules.stops_early(early.speedup, early.band):
             record["stopped_at"] = rules.EARLY_STOP_AT
             self._null(method, state.rate, [self.first], rules.EARLY_STOP_AT)
             return
@@ -259,10 +290,10 @@ class Planner(Chains):
     def _more_seeds(
         self, method: Method, rate: float, record: dict[str, Any], evidence: reading.Evidence
     ) -> None:
-        """The full budget on the first seed; the other seeds where they can change the verdict."""
-        if not self._need([self._method_point(method, rate, READ_AT)]):
+        """The reading budget on the first seed; the other seeds where they can change the verdict."""
+        if not self._need([self._method_point(method, rate, self.read_at)]):
             return
-        self._null(method, rate, [self.first], READ_AT)
+        self._null(method, rate, [self.first], self.read_at)
         others = list(self.protocol.seeds[1:])
         if not others:
             return
@@ -273,37 +304,70 @@ class Planner(Chains):
             record["other_seeds"] = "not run: they cannot change the one-seed verdict"
             return
         record["other_seeds"] = "run: the one-seed reading may change"
-        self._need([self.run_spec(method.spec, seed, rate) for seed in others])
-        self._null(method, rate, others, READ_AT)
+        self._need([self.run_spec(method.spec, seed, rate, self.read_at) for seed in others])
+        self._null(method, rate, others, self.read_at)
 
     def _provably_plain(self, method: Method, rate: float, reason: str, record: dict[str, Any]) -> None:
         """A method that trains exactly like plain here: its full-budget points are plain's, reused, never
         run (nor its null's)."""
         record.update(lr_multiplier=rate, provably_plain=reason)
         for seed in self.protocol.seeds:
-            spec = self.run_spec(method.spec, seed, rate)
-            twin = self.point("plain", seed, rate, READ_AT)
+            spec = self.run_spec(method.spec, seed, rate, self.read_at)
+            twin = self.point("plain", seed, rate, self.read_at)
             if self._row(spec) is None and twin is not None:
                 self.reuse.setdefault(spec.key, (spec, twin.key))
-        self._null(method, rate, self.protocol.seeds, READ_AT)
+        self._null(method, rate, self.protocol.seeds, self.read_at)
 
     def _same_trajectory(self, method: Method, rate: float, record: dict[str, Any]) -> bool:
-        """A short run at plain's rate, against plain's run of the same budget, run twice, all asked for
-        in one stage so that they are timed side by side (a trunk's point can be hours older, on a machine
-        otherwise loaded) and plain's two runs give the clock noise of that stage: True when it trains
-        plain's trajectory within the task's resolution (judged in time); False sends it to the race."""
+        """A short run at plain's rate against plain's point of that budget: True when it trains plain's
+        trajectory within the eval noise (then judged in time, `_timed`); False sends it to the race."""
         short = rules.SAME_TRAJECTORY_BUDGET
         mine = self.run_spec(method.spec, self.first, rate, short)
-        theirs = self.run_spec("plain", self.first, rate, short)
-        again = replace(theirs, repeat=1)
+        theirs = self.point("plain", self.first, rate, short)
         evidence = self.evidence(all_seeds=True)
-        if not self._need([mine, theirs, again]) or evidence is None:
+        wanted = [mine] if theirs is not None else [mine, self.run_spec("plain", self.first, rate, short)]
+        if not self._need(wanted) or evidence is None:
             self.waiting = True
             return True
-        noise = rules.clock_noise([self._row(theirs).seconds, self._row(again).seconds])
-        check = reading.same_trajectory(evidence, self._row(mine), self._row(theirs), noise)
+        theirs = theirs or self._row(wanted[1])
+        check = reading.same_trajectory(evidence, self._row(mine), theirs)
         record.update(lr_multiplier=rate, same_trajectory=check)
+        if check["matches"]:
+            check["timing"] = self._timed(method, rate)
         return check["matches"]
+
+    def _timed(self, method: Method, rate: float) -> dict[str, Any] | None:
+        """`TIMED_PAIRS` pairs of timed runs (plain's, the method's) of the short budget, each pair run by
+        one invocation; all asked for at once and handed out round by round (`interleaved`), so the two
+        sides share the machine's moods. A pair split across invocations (a killed arena) does not count:
+        another pair is asked for. None until every pair is recorded."""
+        pairs: list[tuple[RunRow, RunRow]] = []
+        wanted: list[RunSpec] = []
+        repeat = 0
+        while len(pairs) + len(wanted) // 2 < rules.TIMED_PAIRS:
+            repeat += 1
+            specs = [self._timing_spec(name, rate, repeat) for name in ("plain", method.spec)]
+            rows = [self._row(spec) for spec in specs]
+            if None in rows:
+                wanted += specs
+            elif reading.same_invocation(rows):
+                pairs.append((rows[0], rows[1]))
+        if not self._need(wanted):
+            return None
+        timed = rules.timing([(p.seconds, m.seconds) for p, m in pairs])
+        word, reason = rules.time_verdict(timed)
+        return {
+            **(timed.to_dict() if timed else {}),
+            "repeats": [p.spec["repeat"] for p, _ in pairs],
+            "verdict": word,
+            "reason": reason,
+        }
+
+    def _timing_spec(self, method: str, rate: float, repeat: int) -> RunSpec:
+        """A timed run of the short budget that is not evaluated (`repeat` > 0 keeps it apart from the
+        evaluated run of the same budget)."""
+        spec = self.run_spec(method, self.first, rate, rules.SAME_TRAJECTORY_BUDGET)
+        return replace(spec, evaluate=False, per_example=False, repeat=repeat)
 
     def _null(self, method: Method, rate: float, seeds: Sequence[int], budget: float) -> None:
         """The null control replays each of the method's runs at `rate` that the verdict reads (`budget`
@@ -343,7 +407,8 @@ class Planner(Chains):
 
     @property
     def plain_rate(self) -> float | None:
-        return self.decisions.best.get(READ_AT)
+        """Plain's rate at the reading budget (the race's winner unless plain's curve turned up at 1/4)."""
+        return self.decisions.best.get(self.read_at)
 
     def frontier(self) -> list[RunRow] | None:
         """Plain's points on the first seed at each budget's rate, or None while one is missing."""
@@ -354,5 +419,6 @@ class Planner(Chains):
         return None if any(p is None for p in points) else points
 
     def full_point(self, method: str, seed: int, rate: float) -> RunRow | None:
-        """A method's full-budget row on `seed` (its trunk's end on the first seed, a run on the others)."""
-        return self.point(method, seed, rate, READ_AT)
+        """A method's row at the reading budget on `seed` (its trunk's point on the first seed, a run on the
+        others)."""
+        return self.point(method, seed, rate, self.read_at)

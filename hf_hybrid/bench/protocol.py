@@ -23,21 +23,27 @@ The rules, in the order a task meets them:
 - **The centre**: plain's is the base rate (the task's, the user's, or a range test's); a method's is
   plain's full-budget rate x its `rate_scale` (`ADAPTER_RATE_SCALE` for adapters replacing a full
   fine-tune: LoRA's rates sit about ten times higher).
-- **The reading rule**, fixed before looking: every verdict reads the full budget (`READ_AT`). Each
-  seed's method run is paired with plain's run of that seed; the mean eval-loss difference over the
-  seeds is read on the first seed's plain frontier as a speed-up.
-- **Noise where it lives**: a speed-up's band joins the plain seeds' spread (run to run), a cluster
-  bootstrap of the paired eval-loss difference over the eval set's documents, the budget grid's
-  interpolation error and the calibrated price's error, `Z` standard errors wide. A task's *resolution*
-  is that band for two equally good methods: the smallest speed-up its judge can tell from 1.0x.
+- **The reading rule**, fixed before looking at any method: every verdict reads one budget, the full
+  budget (`READ_AT`), or where plain's own frontier turns up the largest budget at its lowest loss
+  (`reading_budget`, from plain's runs alone). Each seed's method run is paired with plain's run of that
+  seed there; the mean eval-loss difference over the seeds is read on the first seed's plain frontier as
+  a speed-up. A method stopped early is read at its own budget, against plain's point there.
+- **Noise where it lives**: a speed-up's band joins the plain seeds' spread (run to run, read with
+  Student's t at the seeds' degrees of freedom), a cluster bootstrap of the paired eval-loss difference
+  over the eval set's documents (files, topics), the budget grid's interpolation error, the calibrated
+  price's error and the frontier slope's own error; the interval is t at the parts' Welch-Satterthwaite
+  degrees of freedom, two-sided at `CONFIDENCE` a side. A task's *resolution* is that band for two
+  equally good methods: the smallest speed-up its judge can tell from 1.0x.
 - **Verdicts**: wins above the band, loses below it, ties inside; unresolved when the band misses its
   seed part (one plain seed) and the reading lies outside the rest; untuned when either side's rate sits
   at an edge. A method below the band's square at `EARLY_STOP_AT` stops there and loses (untuned if its
   race ended at an edge).
 - **Other seeds** of a method run only where they can change its verdict.
-- **Same-trajectory methods** (compilers, fused kernels) run `SAME_TRAJECTORY_BUDGET` of the budget at
-  plain's rate: if their eval loss there is plain's within the resolution they are judged in time against
-  the clock noise, else raced as any other method.
+- **Same-trajectory methods** (compilers, fused kernels, padding removed) run `SAME_TRAJECTORY_BUDGET` of
+  the budget at plain's rate: if their eval loss there is plain's within the eval clusters' noise (or the
+  resolution) they are judged in time, else raced as any other method. A time verdict reads
+  `TIMED_PAIRS` interleaved pairs of timed runs (plain, method, plain, method, ... in one stage of one
+  invocation): the mean log time ratio with its t interval; a win or a loss only outside it.
 - **The schedule check**: a run of `SCHEDULE_CHECK_AT` of the budget in the task's own schedule at plain's
   rate there, against the trunk's branch of that budget; a trunk worse than it by more than `Z` paired
   standard errors sends every run to separate runs in that schedule.
@@ -69,6 +75,11 @@ ADAPTER_RATE_SCALE = 10.0
 SAME_TRAJECTORY_BUDGET = 0.25
 SCHEDULE_CHECK_AT = 0.5  # half a full run; its trunk branch is already run (at 1/4 no verdict reads it)
 TARGET_RESOLUTION = 1.15
+CONFIDENCE = (
+    0.975  # each side of a two-sided 95% interval: a null reads a false win (or loss) 2.5% of the time
+)
+MAX_SEEDS = 40  # the most seeds the judge would advise
+TIMED_PAIRS = 5  # interleaved timed runs of each side that a time verdict reads
 EVAL_FACTORS = (2.0, 3.0, 4.0, 6.0, 10.0)  # the eval sets a task could grow to, x today's clusters
 SCHEDULE = "wsd"
 
@@ -242,9 +253,11 @@ def seed_variance(losses: Sequence[float]) -> float | None:
 
 
 def log_slope(frontier: Sequence[tuple[float, float]]) -> float:
-    """How much plain's eval loss falls per e-fold of cost at the full budget (between its last two
-    points): the exchange rate from a loss difference to a speed-up. Not positive: the task no longer
-    improves there, and no speed-up can be read."""
+    """How much plain's eval loss falls per e-fold of cost at the reading budget (between the frontier's
+    last two points up to it): the exchange rate from a loss difference to a speed-up. Not positive (or a
+    single point): the task no longer improves there, and no speed-up can be read."""
+    if len(frontier) < 2:
+        return 0.0
     (c0, l0), (c1, l1) = sorted(frontier)[-2:]
     return (l0 - l1) / math.log(c1 / c0)
 
@@ -253,34 +266,122 @@ def grid_error(frontier: Sequence[tuple[float, float]]) -> float:
     """The budget grid's interpolation error, in log cost: the chord from 1/2 to the full budget misses
     the 3/4 point by this much, and the grid reads between 3/4 and 1, half the spacing (a quarter of the
     error of a curve's chord)."""
-    points = dict(sorted(frontier))
+    if len(dict(frontier)) < 3:
+        return 0.0
     (c2, l2), (c3, l3), (c4, l4) = sorted(frontier)[-3:]
-    if not l2 > l3 > l4 or len(points) < 3:
+    if not l2 > l3 > l4:
         return 0.0
     chord = c2 + (c4 - c2) * (l2 - l3) / (l2 - l4)
     return abs(math.log(chord / c3)) / 4
+
+
+# ---- quantiles: seeds and timings are few, so their parts are read with Student's t -------------------
+
+
+def _continued_fraction(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularized incomplete beta function (Lentz's method)."""
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    result = d
+    for m in range(1, 300):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            result *= c * d
+        if abs(c * d - 1.0) < 1e-14:
+            break
+    return result
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    if x <= 0.0 or x >= 1.0:
+        return min(max(x, 0.0), 1.0)
+    front = math.exp(
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _continued_fraction(a, b, x) / a
+    return 1.0 - front * _continued_fraction(b, a, 1.0 - x) / b
+
+
+def t_cdf(value: float, df: float) -> float:
+    """Student's t distribution function at `value` with `df` degrees of freedom (inf: the normal)."""
+    if math.isinf(df):
+        return statistics.NormalDist().cdf(value)
+    tail = 0.5 * _incomplete_beta(df / 2.0, 0.5, df / (df + value * value))
+    return 1.0 - tail if value > 0 else tail
+
+
+def t_quantile(probability: float, df: float) -> float:
+    """Student's t quantile (the normal's at infinite `df`); numpy and scipy are not needed for it."""
+    normal = statistics.NormalDist().inv_cdf(probability)
+    if math.isinf(df) or df > 1e6:
+        return normal
+    if not df > 0:
+        return math.inf
+    low, high = (normal, 1e4) if probability > 0.5 else (-1e4, normal)  # t's tails are the heavier
+    while high - low > 1e-10 * max(1.0, abs(low)):
+        middle = (low + high) / 2
+        low, high = (middle, high) if t_cdf(middle, df) < probability else (low, middle)
+    return (low + high) / 2
+
+
+def effective_df(parts: Sequence[tuple[float, float]]) -> float:
+    """The Welch-Satterthwaite degrees of freedom of a sum of variances, each `(variance, df)`: a part
+    estimated from three seeds (2 df) dominates a sum of well-measured ones only as far as it is large."""
+    total = sum(v for v, _ in parts)
+    denominator = sum(v * v / df for v, df in parts if v > 0 and math.isfinite(df))
+    return math.inf if denominator == 0 else total * total / denominator
+
+
+# ---- the band ------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Band:
     """A speed-up's band in log terms and where it comes from (each part a standard error)."""
 
-    slope: float  # loss per e-fold of cost at the full budget
+    slope: float  # loss per e-fold of cost at the reading budget
     seed_se: float | None  # of the mean loss difference from run-to-run noise (None: one plain seed)
     eval_se: float  # of the mean loss difference from the eval set's clusters
     grid: float  # log cost
     price: float = 0.0  # log cost
+    seed_df: float = math.inf  # of the plain seeds' variance: seeds - 1
+    price_df: float = math.inf  # of the calibrated prices: timed steps - 1
+    slope_se: float = 0.0  # of the slope, from the eval clusters of the two frontier points it joins
+    shift: float = 0.0  # the loss difference read: the slope's error moves its reading by shift/slope
 
     @property
     def known(self) -> bool:
         return self.seed_se is not None and self.slope > 0
 
+    def parts(self, with_seeds: bool = True) -> list[tuple[float, float]]:
+        """(variance, degrees of freedom) of each part of the log speed-up."""
+        parts = [
+            ((self.eval_se / self.slope) ** 2, math.inf),
+            (self.grid**2, math.inf),
+            (self.price**2, self.price_df),
+            ((self.shift * self.slope_se / self.slope**2) ** 2, math.inf),
+        ]
+        if with_seeds and self.seed_se is not None:
+            parts.append(((self.seed_se / self.slope) ** 2, self.seed_df))
+        return parts
+
+    def df(self, with_seeds: bool = True) -> float:
+        return effective_df(self.parts(with_seeds)) if self.slope > 0 else math.inf
+
     def half_width(self, with_seeds: bool = True) -> float:
-        """`Z` standard errors of the log speed-up (infinite where the loss no longer falls)."""
+        """A two-sided `1 - 2 (1 - CONFIDENCE)` interval of the log speed-up: Student's t at the
+        parts' effective degrees of freedom (infinite where the loss no longer falls)."""
         if self.slope <= 0:
             return math.inf
-        loss_se = math.hypot(self.seed_se or 0.0, self.eval_se) if with_seeds else self.eval_se
-        return Z * math.sqrt((loss_se / self.slope) ** 2 + self.grid**2 + self.price**2)
+        parts = self.parts(with_seeds)
+        return t_quantile(CONFIDENCE, effective_df(parts)) * math.sqrt(sum(v for v, _ in parts))
 
     @property
     def resolution(self) -> float:
@@ -288,7 +389,7 @@ class Band:
         return math.exp(self.half_width(with_seeds=self.seed_se is not None))
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "resolution": self.resolution}
+        return {**asdict(self), "df": self.df(self.seed_se is not None), "resolution": self.resolution}
 
 
 def seed_se(variance: float | None, seeds: int) -> float | None:
@@ -298,27 +399,39 @@ def seed_se(variance: float | None, seeds: int) -> float | None:
     return None if variance is None else math.sqrt(2 * variance / seeds)
 
 
+def _with_seeds(band: Band, variance: float, seeds: int) -> Band:
+    return replace(band, seed_se=seed_se(variance, seeds), seed_df=seeds - 1)
+
+
 def seeds_for(band: Band, variance: float | None, target: float = TARGET_RESOLUTION) -> int | None:
-    """The fewest seeds that bring `band` to `target` (None: seeds alone cannot, or no variance yet)."""
+    """The fewest seeds (plain's and the method's alike, so the variance then has seeds - 1 degrees of
+    freedom) that bring `band` to `target`; None: no variance yet, or not within `MAX_SEEDS`."""
     if variance is None or band.slope <= 0:
         return None
-    room = (math.log(target) / Z) ** 2 - band.grid**2 - band.price**2
-    room = room * band.slope**2 - band.eval_se**2
-    if room <= 0:
-        return None
-    return max(2, math.ceil(2 * variance / room))
+    for seeds in range(2, MAX_SEEDS + 1):
+        if _with_seeds(band, variance, seeds).resolution <= target:
+            return seeds
+    return None
 
 
 def eval_factor_for(band: Band, target: float = TARGET_RESOLUTION) -> float | None:
     """How many times more eval clusters bring `band` to `target` with its seeds (None: more eval data
-    alone cannot)."""
+    alone cannot, within `EVAL_FACTORS[-1]`^2)."""
     if band.slope <= 0:
         return None
-    room = ((math.log(target) / Z) ** 2 - band.grid**2 - band.price**2) * band.slope**2
-    room -= (band.seed_se or 0.0) ** 2
-    if room <= 0:
+
+    def resolution(factor: float) -> float:
+        return replace(band, eval_se=band.eval_se / math.sqrt(factor)).resolution
+
+    low, high = 1.0, EVAL_FACTORS[-1] ** 2
+    if resolution(low) <= target:
+        return 1.0
+    if resolution(high) > target:
         return None
-    return max(1.0, band.eval_se**2 / room)
+    for _ in range(60):
+        middle = math.sqrt(low * high)
+        low, high = (middle, high) if resolution(middle) > target else (low, middle)
+    return high
 
 
 def seeds_and_eval_for(
@@ -400,22 +513,58 @@ def same_trajectory(speedup_at_short: float, resolution: float) -> bool:
     return 1 / resolution <= speedup_at_short <= resolution
 
 
-def clock_noise(seconds: Sequence[float]) -> float | None:
-    """max/min - 1 of runs that did identical work (plain runs at several rates): what a time ratio
-    cannot resolve."""
-    times = [s for s in seconds if s > 0]
-    return max(times) / min(times) - 1.0 if len(times) >= 2 else None
+@dataclass(frozen=True)
+class Timing:
+    """A time ratio (plain's seconds over the method's) from interleaved timed pairs: the mean log ratio
+    of the pairs and its t interval at `pairs - 1` degrees of freedom."""
+
+    ratio: float
+    low: float
+    high: float
+    pairs: int
+
+    @property
+    def df(self) -> int:
+        return self.pairs - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "df": self.df}
 
 
-def time_verdict(ratio: float, noise: float | None) -> tuple[str, str]:
-    """A same-trajectory method's verdict: its time ratio against the clock noise."""
-    if noise is None:
-        return UNRESOLVED, "no clock noise measured (fewer than two timed plain runs)"
-    if ratio > 1 + noise:
-        return WINS, f"faster beyond the clock noise (±{noise:.0%})"
-    if ratio < 1 / (1 + noise):
-        return LOSES, f"slower beyond the clock noise (±{noise:.0%})"
-    return TIES, f"within the clock noise (±{noise:.0%})"
+def timing(pairs: Sequence[tuple[float, float]]) -> Timing | None:
+    """The `Timing` of `(plain seconds, method seconds)` pairs, each pair run side by side in one stage
+    (None with fewer than two pairs: no spread, no interval). Pairing removes the load the two shared;
+    the spread of the pairs is the noise left, read with t: two runs' max/min (the old rule) read a win
+    between identical methods one time in four."""
+    logs = [math.log(p / m) for p, m in pairs if p > 0 and m > 0]
+    if len(logs) < 2:
+        return None
+    mean = statistics.fmean(logs)
+    half = t_quantile(CONFIDENCE, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return Timing(math.exp(mean), math.exp(mean - half), math.exp(mean + half), len(logs))
+
+
+def time_verdict(timed: Timing | None) -> tuple[str, str]:
+    """A same-trajectory method's verdict: faster or slower only where its whole interval says so."""
+    if timed is None:
+        return UNRESOLVED, "fewer than two timed pairs"
+    text = f"{timed.ratio:.2f}x, interval {timed.low:.2f}x-{timed.high:.2f}x over {timed.pairs} timed pairs"
+    if timed.low > 1:
+        return WINS, f"faster: {text}"
+    if timed.high < 1:
+        return LOSES, f"slower: {text}"
+    return TIES, f"within the timing noise: {text}"
+
+
+def reading_budget(frontier: Sequence[tuple[float, float]]) -> float:
+    """The budget every verdict reads, from plain's frontier alone (budget, eval loss), fixed before
+    any method is looked at: the full budget, or, where plain's own loss turns up, the largest budget at
+    its lowest loss. An identity of plain then reads 1.0x wherever the curve turns (the full budget's
+    loss read on an envelope that reached it earlier read it 0.55x)."""
+    finite = [(b, loss) for b, loss in frontier if math.isfinite(loss)]
+    if not finite:
+        return READ_AT
+    return min(finite, key=lambda point: (point[1], -point[0]))[0]
 
 
 # ---- costs ---------------------------------------------------------------------------------------------
@@ -433,8 +582,16 @@ def rules() -> list[tuple[str, str]]:
     """(rule, value) for docs/bench.md and every report: generated here, so they follow the constants."""
     rates = ", ".join(f"x{r:g}" for r in FIRST_RATES)
     centre = f"plain's full-budget rate (adapters replacing a full fine-tune: x{ADAPTER_RATE_SCALE:g})"
-    band = f"{Z:g} standard errors: seeds, eval clusters ({BOOTSTRAP_DRAWS} bootstrap draws), grid, price"
-    short = f"a run of {SAME_TRAJECTORY_BUDGET:g} of the budget, judged in time if within the resolution"
+    band = (
+        f"a two-sided {2 * CONFIDENCE - 1:.0%} t interval (Welch-Satterthwaite degrees of freedom) of: the "
+        f"seeds (t at seeds - 1), the eval set's documents ({BOOTSTRAP_DRAWS} bootstrap draws), the grid, "
+        "the price, the frontier's slope"
+    )
+    short = (
+        f"a run of {SAME_TRAJECTORY_BUDGET:g} of the budget at plain's rate; within the eval noise of "
+        f"plain's: judged in time on {TIMED_PAIRS} interleaved timed pairs of that budget (t interval of the "
+        "mean log ratio)"
+    )
     check_text = f"the task's own schedule against the trunk at {SCHEDULE_CHECK_AT:g} of the budget"
     return [
         ("budgets (fractions of the full budget)", ", ".join(f"{b:g}" for b in BUDGETS)),
@@ -453,7 +610,11 @@ def rules() -> list[tuple[str, str]]:
             "errors) closes the side",
         ),
         ("a method's centre", centre),
-        ("reading rule", f"every verdict at {READ_AT:g} of the budget, seeds paired, fixed before looking"),
+        (
+            "reading rule",
+            f"every verdict at {READ_AT:g} of the budget (where plain's frontier turns up: the largest "
+            "budget at its lowest loss), seeds paired, fixed from plain's runs before any method is read",
+        ),
         ("band", band),
         ("early stop", f"at {EARLY_STOP_AT:g} of the budget, below twice the band"),
         ("same-trajectory methods", short),

@@ -1,10 +1,10 @@
 """A method's points read against plain's: the speed-up at equal eval loss and the band it is read with.
 
 The reading rule and the band are the protocol's (`protocol.py`); this module applies them to rows.
-A method's run on each seed is paired with plain's run of that seed at the full budget (the same eval
+A method's run on each seed is paired with plain's run of that seed at the reading budget (the same eval
 examples, the same initialisation and data order): the mean eval-loss difference over the seeds, added
-to the first seed's plain full-budget loss, is read on the first seed's plain frontier as the cost plain
-needs to get there, over the method's mean cost.
+to the first seed's plain loss there, is read on the first seed's plain frontier (up to the reading
+budget) as the cost plain needs to get there, over the method's mean cost.
 """
 
 from __future__ import annotations
@@ -20,37 +20,65 @@ from .frontier import speedup
 from .protocol import Band
 from .rows import RunRow
 
+MIXED = "mixed"  # the invocation of a trunk point whose segments ran in several invocations
+
 
 @dataclass(frozen=True)
 class Evidence:
-    """What the rows say about plain: the first seed's frontier, each seed's full-budget run, and how
-    the eval set is clustered and weighted."""
+    """What the rows say about plain: the first seed's frontier, each seed's run at the reading budget,
+    and how the eval set is clustered and weighted."""
 
     frontier: Sequence[RunRow]  # the first seed's points at BUDGETS
-    plain_full: Mapping[int, RunRow]  # seed -> plain's full-budget run at its rate
+    plain_full: Mapping[int, RunRow]  # seed -> plain's run at the reading budget, at its rate
     clusters: Sequence[int] | None = None  # per eval example: its document (None: each its own)
     weights: Sequence[float] | None = None  # per eval example: its tokens (None: equal)
+    read_at: float = rules.READ_AT  # the budget every verdict reads (`protocol.reading_budget`)
+    price_df: float = math.inf  # of the calibrated prices
 
     @property
     def first(self) -> int:
         return self.frontier[-1].seed
 
+    @property
+    def read(self) -> list[RunRow]:
+        """The frontier up to the reading budget: what speed-ups are read on."""
+        return [p for p in self.frontier if p.budget <= self.read_at]
+
     def points(self, cost: str = "units") -> list[tuple[float, float]]:
-        return [(getattr(p, cost), p.loss) for p in self.frontier]
+        return [(getattr(p, cost), p.loss) for p in self.read]
+
+    def at(self, budget: float) -> RunRow:
+        """Plain's first-seed frontier point at `budget`."""
+        return next(p for p in self.frontier if p.budget == budget)
 
     @property
     def variance(self) -> float | None:
         return rules.seed_variance([r.loss for r in self.plain_full.values() if math.isfinite(r.loss)])
 
+    @property
+    def seed_df(self) -> float:
+        return max(1, len(self.plain_full) - 1)
+
+    @property
+    def side_by_side(self) -> bool:
+        """Plain's frontier and its seeds' runs were all timed in one invocation of the arena."""
+        return same_invocation([*self.read, *self.plain_full.values()])
+
 
 @dataclass(frozen=True)
 class Reading:
     speedup: float  # in units
-    speedup_time: float
+    speedup_time: float | None  # None: the method's and plain's runs were not timed side by side
     kind: str  # how the units were read: interpolated, lower_bound, upper_bound, diverged
-    loss_delta: float  # mean over the seeds of the method's eval loss minus plain's
+    loss_delta: float  # mean over the seeds of the method's eval loss minus plain's at the same budget
     band: Band
     per_seed: list[dict[str, Any]]
+
+
+def same_invocation(rows: Sequence[RunRow]) -> bool:
+    """Whether `rows` were all run by one invocation of the arena (their seconds then compare)."""
+    names = {r.invocation for r in rows}
+    return len(names) == 1 and None not in names and MIXED not in names
 
 
 def paired_se(
@@ -89,9 +117,24 @@ def plain_pair_se(evidence: Evidence) -> float:
     return statistics.median(values) if values else math.inf
 
 
-def task_band(evidence: Evidence, seeds: int, price: float = 0.0, eval_se: float | None = None) -> Band:
+def slope_se(evidence: Evidence) -> float:
+    """The eval-cluster standard error of plain's frontier slope at the reading budget: of the loss
+    difference of its last two points, over their log cost ratio (0 where it cannot be measured)."""
+    points = evidence.read
+    if len(points) < 2:
+        return 0.0
+    a, b = points[-2], points[-1]
+    se = paired_se(a, b, evidence.clusters, evidence.weights)
+    if not math.isfinite(se) or not b.units > a.units > 0:
+        return 0.0
+    return se / math.log(b.units / a.units)
+
+
+def task_band(
+    evidence: Evidence, seeds: int, price: float = 0.0, eval_se: float | None = None, shift: float = 0.0
+) -> Band:
     """The band of two equally good methods read over `seeds` seeds: the task's resolution (with a
-    method's own `eval_se`, the band its reading has)."""
+    method's own `eval_se` and loss difference `shift`, the band its reading has)."""
     points = evidence.points()
     return Band(
         slope=rules.log_slope(points),
@@ -99,6 +142,10 @@ def task_band(evidence: Evidence, seeds: int, price: float = 0.0, eval_se: float
         eval_se=plain_pair_se(evidence) if eval_se is None else eval_se,
         grid=rules.grid_error(points),
         price=price,
+        seed_df=evidence.seed_df,
+        price_df=evidence.price_df,
+        slope_se=slope_se(evidence),
+        shift=shift if math.isfinite(shift) else 0.0,
     )
 
 
@@ -106,30 +153,26 @@ def read(
     evidence: Evidence,
     rows: Mapping[int, RunRow],
     price: float = 0.0,
-    budget: float = rules.READ_AT,
+    budget: float | None = None,
 ) -> Reading | None:
-    """The method's `rows` (seed -> its point at `budget`) read on plain's frontier; None without the
-    first seed's row. At the full budget each seed is paired with plain's run of that seed; at a shorter
-    budget (the early stop) the first seed's point is read on the frontier as it is."""
+    """The method's `rows` (seed -> its point at `budget`, default the reading budget) read on plain's
+    frontier; None without the first seed's row. At the reading budget each seed is paired with plain's
+    run of that seed; at a shorter budget (the early stop) the first seed's point is read on the frontier
+    as it is, and its loss difference is against plain's point at that budget."""
+    budget = evidence.read_at if budget is None else budget
     first = evidence.first
     if first not in rows or first not in evidence.plain_full:
         return None
-    seeds = [s for s in rows if s in evidence.plain_full] if budget == rules.READ_AT else [first]
-    pairs = [(rows[s], evidence.plain_full[s]) for s in seeds]
+    full = budget == evidence.read_at
+    seeds = [s for s in rows if s in evidence.plain_full] if full else [first]
+    pairs = [(rows[s], evidence.plain_full[s] if full else evidence.at(budget)) for s in seeds]
     deltas = [m.loss - p.loss for m, p in pairs]
     delta = statistics.fmean(deltas) if all(math.isfinite(d) for d in deltas) else math.inf
-    target = evidence.plain_full[first].loss + delta if budget == rules.READ_AT else rows[first].loss
+    target = evidence.plain_full[first].loss + delta if full else rows[first].loss
     units = statistics.fmean(m.units for m, _ in pairs)
-    # a seed's clock is read against plain's clock on that seed: plain's first-seed run is a trunk of
-    # several processes, another seed's a single run, and the machine's load moves between them
-    reference = evidence.plain_full[first].seconds
-    seconds = statistics.fmean(
-        m.seconds * reference / p.seconds if p.seconds > 0 else m.seconds for m, p in pairs
-    )
     by_units = speedup(evidence.points("units"), target, units)
-    by_time = speedup(evidence.points("seconds"), target, seconds) if seconds > 0 else by_units
     band = task_band(
-        evidence, len(seeds), price, mean_difference_se(pairs, evidence.clusters, evidence.weights)
+        evidence, len(seeds), price, mean_difference_se(pairs, evidence.clusters, evidence.weights), delta
     )
     per_seed = [
         {
@@ -141,27 +184,36 @@ def read(
         }
         for s, (m, p) in zip(seeds, pairs, strict=True)
     ]
-    return Reading(by_units.ratio, by_time.ratio, by_units.kind, delta, band, per_seed)
+    return Reading(by_units.ratio, _time(evidence, rows, seeds, target), by_units.kind, delta, band, per_seed)
 
 
-def same_trajectory(evidence: Evidence, method: RunRow, plain: RunRow, noise: float | None) -> dict[str, Any]:
+def _time(
+    evidence: Evidence, rows: Mapping[int, RunRow], seeds: Sequence[int], target: float
+) -> float | None:
+    """The speed-up in time, read on plain's frontier in seconds, only where the method's runs and plain's
+    were timed in one invocation (a loaded machine's seconds are 3.6x a quiet one's)."""
+    mine = [rows[s] for s in seeds]
+    if not evidence.side_by_side or not same_invocation([*mine, *evidence.read]):
+        return None
+    seconds = statistics.fmean(m.seconds for m in mine)
+    return speedup(evidence.points("seconds"), target, seconds).ratio if seconds > 0 else None
+
+
+def same_trajectory(evidence: Evidence, method: RunRow, plain: RunRow) -> dict[str, Any]:
     """A same-trajectory method's short run against plain's at the same rate and budget: does it train
-    plain's trajectory within the task's resolution (its loss difference worth less than the resolution
-    at the full budget's exchange rate, or within the eval noise), and its time ratio."""
+    plain's trajectory (its loss difference within the eval clusters' noise, or worth less than the
+    resolution at the reading budget's exchange rate)? Also at one seed, where the resolution is unknown."""
     band = task_band(evidence, seeds=max(1, len(evidence.plain_full)))
     delta = method.loss - plain.loss
-    allowed = rules.Z * paired_se(method, plain, evidence.clusters, evidence.weights)
+    noise = paired_se(method, plain, evidence.clusters, evidence.weights)
+    allowed = rules.t_quantile(rules.CONFIDENCE, math.inf) * noise if math.isfinite(noise) else 0.0
     if band.slope > 0 and math.isfinite(band.resolution):
-        allowed = max(allowed if math.isfinite(allowed) else 0.0, band.slope * math.log(band.resolution))
-    ratio = plain.seconds / method.seconds if method.seconds > 0 else 0.0
-    word, reason = rules.time_verdict(ratio, noise)
+        allowed = max(allowed, band.slope * math.log(band.resolution))
     return {
         "budget": method.budget,
+        "eval_loss": method.loss,
+        "units": method.units,
         "loss_delta": delta,
         "allowed_loss_delta": allowed,
         "matches": math.isfinite(delta) and abs(delta) <= allowed,
-        "speedup_time": ratio,
-        "clock_noise": noise,
-        "verdict": word,
-        "reason": reason,
     }

@@ -13,7 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from .frontier import envelope
-from .protocol import BUDGETS, EVAL_FACTORS, TARGET_RESOLUTION, Z
+from .protocol import BUDGETS, CONFIDENCE, EVAL_FACTORS, TARGET_RESOLUTION
 
 REPORT_FILE = "report.md"
 PLOT_FILE = "arena.png"
@@ -29,15 +29,18 @@ def write_report(data: Mapping[str, Any], out: str | Path) -> dict[str, Path]:
 
 
 def speedup_text(row: Mapping[str, Any], key: str = "speedup_units") -> str:
-    """A speed-up with its bound mark (`>` better than every plain point, `<` worse than the cheapest)."""
+    """A speed-up with its bound mark (`>` better than every plain point, `<` worse than the cheapest);
+    a time speed-up that was not measured side by side with plain's says so."""
     if key == "speedup_units" and row.get("same_trajectory"):
         return "same trajectory"
+    if row.get(key) is None:
+        return "not timed side by side" if key == "speedup_time" else "–"
     return MARKS.get(row.get(f"{key}_kind") or "", "") + f"{row[key]:.2f}x"
 
 
 def band_text(row: Mapping[str, Any]) -> str:
     band = row.get("band") or {}
-    if "low" not in band or not math.isfinite(band["high"]):
+    if band.get("low") is None or band.get("high") is None or not math.isfinite(band["high"]):
         return "–"
     return f"{band['low']:.2f}–{band['high']:.2f}x"
 
@@ -84,9 +87,9 @@ def resolution_lines(data: Mapping[str, Any]) -> list[str]:
         return []
     if res["slope"] <= 0:
         return [
-            "**Resolution: none at the full budget** — plain's eval loss no longer falls there (it rose from "
-            "3/4 to the end), so no speed-up can be read: a budget that ends where plain still improves, or "
-            "more training data, would be needed."
+            "**Resolution: none** — plain's eval loss no longer falls at the budget the verdicts read, so no "
+            "speed-up can be read: a budget that ends where plain still improves, or more training data, "
+            "would be needed."
         ]
     if res["seed_se"] is None:
         lines = [
@@ -95,12 +98,15 @@ def resolution_lines(data: Mapping[str, Any]) -> list[str]:
             f"and the report states it and what would bring it to {TARGET_RESOLUTION:g}x."
         ]
     else:
+        clusters = f" over {res['eval_clusters']} documents" if res.get("eval_clusters") else ""
         lines = [
             f"**Resolution: {res['resolution']:.2f}x** at {res['seeds']} seed(s) — the smallest speed-up "
-            f"this judge tells from 1.0x ({Z:g} standard errors of: the seeds' run-to-run part "
-            f"{res['seed_se']:.4f} and the eval set's clustered part {res['eval_se']:.4f} of a loss "
-            f"difference, read at {res['slope']:.4f} of loss per e-fold of cost; the budget grid's "
-            f"{res['grid']:.3f} in log cost)."
+            f"this judge tells from 1.0x (a two-sided {2 * CONFIDENCE - 1:.0%} t interval at "
+            f"{res.get('df', math.inf):.1f} degrees of freedom of: the seeds' run-to-run part "
+            f"{res['seed_se']:.4f} (t at {res.get('seed_df', res['seeds'] - 1):g} degrees of freedom) and "
+            f"the eval set's clustered part{clusters} {res['eval_se']:.4f} of a loss difference, read at "
+            f"{res['slope']:.4f} (±{res.get('slope_se', 0.0):.4f}) of loss per e-fold of cost; the budget "
+            f"grid's {res['grid']:.3f} in log cost)."
         ]
         if res["resolution"] > TARGET_RESOLUTION:
             lines.append(f"To resolve {TARGET_RESOLUTION:g}x it would take {what_would_reach(res)}.")
@@ -123,11 +129,12 @@ def markdown(data: Mapping[str, Any]) -> str:
         f"Machine: {data['machine']}  ",
         f"Task: {_task_text(task)}",
         "",
-        "Each method's speed-up is read at the full budget: its eval loss, paired seed by seed with plain's, "
-        "is read on plain's frontier (the first seed's plain run at each budget's raced rate) as the cost "
-        "plain needs to get there, over the method's cost. Compute units are forward passes, each kind of "
-        f"step priced by timing it on this task ({units}); time is the process's CPU time on CPU, "
-        "wall-clock on CUDA, evaluation and checkpoints excluded. `>` marks a lower bound (better than every "
+        f"Each method's speed-up is read at {_reading_text(data)}: its eval loss, paired seed by seed "
+        "with plain's, is read on plain's frontier (the first seed's plain run at each budget's raced "
+        "rate) as the cost plain needs to get there, over the method's cost. Compute units are forward "
+        f"passes, each kind of step priced by timing it on this task ({units}); time is the process's CPU "
+        "time on CPU, wall-clock on CUDA, evaluation and checkpoints excluded, and is read only where the "
+        "method's runs and plain's ran in one invocation. `>` marks a lower bound (better than every "
         "plain point), `<` an upper bound. A verdict wins or loses only outside its band.",
         "",
         *verdict_table(data),
@@ -140,7 +147,7 @@ def markdown(data: Mapping[str, Any]) -> str:
     ]
     for row in data.get("verdicts", []):
         if row["method"] != "plain":
-            lines.append(f"- `{row['method']}`: {row['verdict']}: {row['reason']}")
+            lines.append(f"- `{row['method']}`: {row['verdict']}: {row['reason']}{_rising_text(row)}")
     rules = (data.get("protocol") or {}).get("rules") or {}
     if rules:
         lines += ["", "The protocol's rules as this record ran them:", "", "| rule | value |", "|---|---|"]
@@ -148,6 +155,34 @@ def markdown(data: Mapping[str, Any]) -> str:
     lines += _notes(data)
     lines += _runs(data)
     return "\n".join(lines) + "\n"
+
+
+def _reading_text(data: Mapping[str, Any]) -> str:
+    read_at = (data.get("plain") or {}).get("read_at", 1.0)
+    if read_at == 1.0:
+        return "the full budget"
+    return f"{read_at:g} of the budget (plain's own eval loss rose after it: fixed from plain's runs alone)"
+
+
+def rising(row: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
+    """(the lowest point from 1/2 of the budget on, the last point) where the method's eval loss rises
+    after it: the method overtrains toward the full budget (its best run is a shorter one)."""
+    later = [c for c in row.get("curve") or [] if c["budget"] >= 0.5 and c.get("eval_loss") is not None]
+    if len(later) < 2:
+        return None
+    best = min(later, key=lambda c: c["eval_loss"])
+    return (best, later[-1]) if later[-1]["eval_loss"] > best["eval_loss"] else None
+
+
+def _rising_text(row: Mapping[str, Any]) -> str:
+    found = rising(row)
+    if found is None:
+        return ""
+    best, last = found
+    return (
+        f"; its eval loss rises toward the full budget ({best['budget']:g}: {best['eval_loss']:.4f} → "
+        f"{last['budget']:g}: {last['eval_loss']:.4f}): a shorter run of it gives a better model"
+    )
 
 
 def recommendation(data: Mapping[str, Any]) -> list[str]:
@@ -161,17 +196,13 @@ def recommendation(data: Mapping[str, Any]) -> list[str]:
     own = plain.get("mode") == "separate" and (data["task"].get("lr_scheduler_type") or "linear")
     winners = sorted(
         (v for v in data.get("verdicts", []) if v["verdict"] == "wins" and not v.get("null_control_of")),
-        key=lambda v: -v["speedup_units"],
+        key=lambda v: -(v["speedup_time"] or 0.0) if v.get("same_trajectory") else -v["speedup_units"],
     )
     lines = ["## What to do next", ""]
     if winners:
         best = winners[0]
         rate = base * best["lr_multiplier"]
-        lines.append(
-            f"`{best['method']}` wins: {speedup_text(best)} in compute units, "
-            f"{speedup_text(best, 'speedup_time')} in time, beyond its band. Train with it at learning rate "
-            f"{rate:.3g}:"
-        )
+        lines.append(f"{_win_text(best)} Train with it at learning rate {rate:.3g}:")
         row_length = data["task"].get("seq_len")
         lines += [
             "",
@@ -179,6 +210,7 @@ def recommendation(data: Mapping[str, Any]) -> list[str]:
             *arguments(best["method"], rate, steps, protocol, own or None, row_length),
             "```",
         ]
+        lines += trl_lines(best["method"])
     else:
         rate = base * plain["best_lr_multiplier"][str(1.0)]
         lines.append(f"No method wins here: keep the plain Trainer, at its raced learning rate {rate:.3g}:")
@@ -188,6 +220,28 @@ def recommendation(data: Mapping[str, Any]) -> list[str]:
         command = _replace_flags(data["command"], {"--seeds": ["0", "1", "2"]})
         lines += ["", "With one seed some verdicts are unresolved; to resolve them:", "", f"    {command}"]
     return lines + [""]
+
+
+def _win_text(row: Mapping[str, Any]) -> str:
+    """Why a winner wins, in its own terms: time for a same-trajectory method; units and time otherwise,
+    and what it costs in quality where it ends worse than plain."""
+    if row.get("same_trajectory"):
+        return (
+            f"`{row['method']}` trains plain's trajectory (eval loss {row['loss_delta']:+.4f} at "
+            f"{row['budget']:g} of the budget) and wins in time: {speedup_text(row, 'speedup_time')} "
+            f"({band_text(row)} over its timed pairs)."
+        )
+    text = (
+        f"`{row['method']}` wins: {speedup_text(row)} in compute units, "
+        f"{speedup_text(row, 'speedup_time')} in time, beyond its band."
+    )
+    if row.get("never_reaches_plain"):
+        text += (
+            f" It reaches plain's frontier at its own eval loss ({row['loss_delta']:+.4f}), never plain's: "
+            f"at the same steps it gives a model {row['loss_delta']:.4f} worse in eval loss than plain; the "
+            "speed-up is what plain needs to reach that worse loss."
+        )
+    return text
 
 
 def arguments(
@@ -231,6 +285,40 @@ def arguments(
     if name == "peft":
         lines.append("model = peft.get_peft_model(model, peft.LoraConfig(r=8, lora_alpha=16))")
     return lines
+
+
+# What a TRL user sets for the arena's layout methods (TRL 1.x `SFTConfig`), and where TRL has none.
+TRL_LAYOUTS = {
+    "packing": (
+        [
+            "config = SFTConfig(..., padding_free=True)  # each batch flattened to one row, per-example "
+            "position_ids"
+        ],
+        "TRL documents `padding_free` for FlashAttention; transformers 5.24 also builds the block mask for "
+        "sdpa from `position_ids`, which is how the arena ran it.",
+    ),
+    "packing:rows": (
+        [
+            "config = SFTConfig(..., packing=False, padding_free=False)",
+            'trainer = HybridSFTTrainer(..., args=config)  # with hybrid_padding="rows" in its arguments',
+        ],
+        "TRL has no per-batch bin packing: `packing=True` (`bfd`) packs the dataset ahead of time, which "
+        "puts more examples in each step (a different run, whose rate must be raced again).",
+    ),
+    "packing-naive": (
+        ['config = SFTConfig(..., packing=True, packing_strategy="wrapped")  # examples end to end'],
+        "TRL's `wrapped` packing also lets examples attend to each other and cuts them mid-sequence; it "
+        "packs the dataset ahead of time, so a step holds more examples than the arena's per-batch rows.",
+    ),
+}
+
+
+def trl_lines(method: str) -> list[str]:
+    """The `SFTConfig` settings that give a winning layout to a TRL user, or where TRL has none."""
+    if method not in TRL_LAYOUTS:
+        return []
+    code, caveat = TRL_LAYOUTS[method]
+    return ["", "With TRL's `SFTTrainer`:", "", "```python", *code, "```", "", caveat]
 
 
 def _replace_flags(command: str, flags: Mapping[str, list[str]]) -> str:
@@ -416,21 +504,30 @@ def _plot_so_far(data: Mapping[str, Any], path: Path) -> Path:
 
 
 def _forest(axis: Any, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Each verdict's speed-up and its band on a log axis wide enough for every band, so none is cut."""
     colours = {"wins": "C2", "loses": "C3", "ties": "C0"}
+    axis.set_xscale("log")
     axis.axvline(1.0, color="0.4", lw=1)
+    shown = [1.0]
     for index, row in enumerate(rows):
         key = "speedup_time" if row.get("same_trajectory") else "speedup_units"
         y = len(rows) - index
         band = row.get("band") or {}
-        if "low" in band and math.isfinite(band["high"]):
-            axis.plot([band["low"], min(band["high"], 4.0)], [y, y], color="0.8", lw=6, solid_capstyle="butt")
-        colour = colours.get(row["verdict"], "C7")
-        axis.plot([row[key]], [y], "D" if row.get("same_trajectory") else "o", color=colour)
+        if band.get("low") and band.get("high") and math.isfinite(band["high"]):
+            axis.plot([band["low"], band["high"]], [y, y], color="0.8", lw=6, solid_capstyle="butt")
+            shown += [band["low"], band["high"]]
+        value = row.get(key)
+        if not value:  # diverged, or its timing not complete
+            continue
+        shown.append(value)
+        axis.plot(
+            [value], [y], "D" if row.get("same_trajectory") else "o", color=colours.get(row["verdict"], "C7")
+        )
         label = f"{speedup_text(row, key)} {row['verdict']}"
-        axis.annotate(label, (row[key], y), xytext=(6, 4), textcoords="offset points", fontsize=8)
+        axis.annotate(label, (value, y), xytext=(6, 4), textcoords="offset points", fontsize=8)
     axis.set_yticks(range(len(rows), 0, -1), [short_label(r) for r in rows], fontsize=8)
-    axis.set_xlabel("speed-up (x plain; grey: the band a verdict must leave)")
-    axis.set_xlim(0, 2.5)
+    axis.set_xlabel("speed-up (x plain, log scale; grey: the band a verdict must leave; ◆: judged in time)")
+    axis.set_xlim(min(shown) / 1.3, max(shown) * 1.6)
 
 
 def _method_panel(axis: Any, row: Mapping[str, Any], points: Sequence[tuple[float, float]]) -> None:
@@ -442,9 +539,14 @@ def _method_panel(axis: Any, row: Mapping[str, Any], points: Sequence[tuple[floa
         frontier = [*frontier, (max(c for c, _ in points), frontier[-1][1])]
         axis.plot(*zip(*points, strict=True), "o", color="0.6", ms=3, label="plain's points")
         axis.plot(*zip(*frontier, strict=True), "-", color="k", lw=1.5, label="plain frontier")
-    curve = [(c["units"], c["eval_loss"]) for c in row.get("curve") or [] if math.isfinite(c["eval_loss"])]
+    curve = [
+        (c["units"], c["eval_loss"])
+        for c in row.get("curve") or []
+        if c.get("eval_loss") is not None and math.isfinite(c["eval_loss"])
+    ]
     if curve:
-        axis.plot(*zip(*curve, strict=True), "--s", ms=3, label="method")
+        label = "method (its short run)" if row.get("same_trajectory") else "method"
+        axis.plot(*zip(*curve, strict=True), "--s", ms=3, label=label)
     axis.set_title(short_label(row, 40), fontsize=9)
     axis.tick_params(labelsize=7)
     axis.set_xlabel("compute (forward units)", fontsize=7)

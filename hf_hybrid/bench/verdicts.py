@@ -1,9 +1,9 @@
 """From a complete plan's points to the record's verdicts: plain's summary (its resolution, what it cost)
 and one verdict per method, by the protocol's reading rule and band (`protocol.py`, `reading.py`).
 
-A same-trajectory method (a compiler, a fused kernel) that trained plain's trajectory within the task's
-resolution is judged in time against the clock noise; every other method by its speed-up at equal eval
-loss at the full budget, against its band.
+A same-trajectory method (a compiler, a fused kernel, padding removed) that trained plain's trajectory
+within the eval noise is judged in time on interleaved timed pairs; every other method by its speed-up at
+equal eval loss at the reading budget, against its band.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from . import reading
 from .budget import WSD
 from .frontier import speedup
 from .plan import Planner
-from .protocol import BUDGETS, READ_AT, SAME_TRAJECTORY_BUDGET
+from .protocol import BUDGETS, SAME_TRAJECTORY_BUDGET
 from .rows import RunRow
 from .spec import RANGE_TEST, SEGMENT, SEPARATE, RunSpec
 
@@ -66,8 +66,10 @@ def _plain(planner: Planner, evidence: reading.Evidence, cost: dict[str, Any]) -
         "seeds": sorted(evidence.plain_full),
         "eval_loss": statistics.median(losses.values()),
         "eval_loss_by_seed": losses,
+        "read_at": planner.read_at,
         "resolution": {
             "seeds": seeds,
+            "eval_clusters": len(set(evidence.clusters)) if evidence.clusters else None,
             **band.to_dict(),
             "target": rules.TARGET_RESOLUTION,
             **_what_reaches_target(band, evidence.variance),
@@ -106,13 +108,15 @@ def _verdict(
     check = chosen.get("same_trajectory")
     if check is not None and check["matches"] and parent is None:
         return {**base, **_same_trajectory(check)}
-    budget = chosen.get("stopped_at") or READ_AT
+    budget = chosen.get("stopped_at") or planner.read_at
     rows = {s: _point(planner, method, parent, s, rate, budget) for s in planner.protocol.seeds}
     rows = {s: r for s, r in rows.items() if r is not None}
     read = reading.read(evidence, rows, planner.price_error(method.spec), budget)
     if read is None:
         return None
     word, reason = rules.verdict(read.speedup, read.band, _untuned(planner, chosen), chosen.get("stopped_at"))
+    if read.speedup_time is None:
+        reason += "; no time speed-up: its runs and plain's were not timed in one invocation"
     if chosen.get("provably_plain"):
         word, reason = rules.TIES, f"the plain runs, reused: {chosen['provably_plain']}"
     idle = never_engaged(list(rows.values()))
@@ -132,6 +136,7 @@ def _verdict(
         "reason": reason,
         "engaged": idle is None,
         "stopped_at": chosen.get("stopped_at"),
+        "never_reaches_plain": _never_reaches(read),
         "per_seed": read.per_seed,
         "curve": _curve(planner, evidence, method, parent, chosen),
         "same_trajectory": False,
@@ -147,21 +152,34 @@ def _untuned(planner: Planner, chosen: dict[str, Any]) -> str | None:
     return f"its race is untuned at {last:g} ({mine})" if mine else None
 
 
+def _never_reaches(read: reading.Reading) -> bool:
+    """A win read at a worse loss than plain's: it reaches plain's frontier only at its own loss, and plain
+    at the same steps gives a better model."""
+    return read.speedup > 1 and read.loss_delta > 0
+
+
 def _same_trajectory(check: dict[str, Any]) -> dict[str, Any]:
+    timing = check.get("timing") or {}
     return {
         "seeds": [0],
         "budget": check["budget"],
         "speedup_units": 1.0,
         "speedup_units_kind": "same_trajectory",
-        "speedup_time": check["speedup_time"],
+        "speedup_time": timing.get("ratio"),
         "loss_delta": check["loss_delta"],
-        "band": {"low": 1 / (1 + (check["clock_noise"] or 0.0)), "high": 1 + (check["clock_noise"] or 0.0)},
-        "verdict": check["verdict"],
-        "reason": "same trajectory within the resolution, judged in time: " + check["reason"],
+        "band": {"low": timing.get("low"), "high": timing.get("high")},
+        "timing": timing,
+        "verdict": timing.get("verdict", rules.UNRESOLVED),
+        "reason": "same trajectory within the eval noise, judged in time: "
+        + timing.get("reason", "its timed pairs are not all recorded yet"),
         "engaged": True,
         "stopped_at": None,
         "per_seed": [],
-        "curve": [],
+        "curve": [
+            {"budget": check["budget"], "eval_loss": check.get("eval_loss"), "units": check.get("units")}
+        ]
+        if check.get("units")
+        else [],
         "same_trajectory": True,
     }
 

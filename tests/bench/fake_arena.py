@@ -28,6 +28,7 @@ PRICE = {
     "freeze:2:step": 2.0,
     "dropbp:p=0.5:step": 2.5,
     "args:torch_compile=true:step": 1.5,
+    "args:optim=adamw_torch_fused:step": 3.0,
     "selective-backprop:selective": 2.0,  # priced here so that calibration times nothing
     "selective-backprop:rule=uniform:selective": 2.0,
 }

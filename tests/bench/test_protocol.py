@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -203,18 +204,40 @@ def test_the_grid_error_is_a_quarter_of_the_chord_s_miss_at_three_quarters():
     assert rules.grid_error([(10.0, 3.0), (20.0, 2.0), (30.0, 1.0), (40.0, 0.0)]) == pytest.approx(0.0)
 
 
-def test_the_band_is_z_standard_errors_of_the_log_speed_up():
+def test_the_band_is_a_t_interval_of_the_log_speed_up_at_its_parts_degrees_of_freedom():
     band = Band(slope=0.5, seed_se=0.03, eval_se=0.04, grid=0.01, price=0.02)
-    loss_se = math.hypot(0.03, 0.04)  # 0.05
-    expected = rules.Z * math.sqrt((loss_se / 0.5) ** 2 + 0.01**2 + 0.02**2)
-    assert band.half_width() == pytest.approx(expected)
-    assert band.resolution == pytest.approx(math.exp(expected))
+    variance = (0.03 / 0.5) ** 2 + (0.04 / 0.5) ** 2 + 0.01**2 + 0.02**2
+    assert band.half_width() == pytest.approx(
+        1.95996 * math.sqrt(variance), rel=1e-4
+    )  # every part well known
+    assert band.resolution == pytest.approx(math.exp(band.half_width()))
+    three_seeds = Band(slope=0.5, seed_se=0.03, eval_se=0.0, grid=0.0, seed_df=2)  # the seeds alone: t(2)
+    assert three_seeds.half_width() == pytest.approx(4.30265 * 0.03 / 0.5, rel=1e-4)
+    mixed = replace(three_seeds, eval_se=0.03)  # half the variance with 2 df, half with infinitely many
+    assert mixed.df() == pytest.approx(8.0)  # Welch-Satterthwaite: (2v)^2 / (v^2 / 2)
+    assert mixed.half_width() == pytest.approx(rules.t_quantile(0.975, 8.0) * math.hypot(0.06, 0.06))
+
+
+def test_the_slope_s_own_error_widens_a_reading_by_the_loss_it_reads():
+    flat = Band(slope=0.5, seed_se=0.0, eval_se=0.01, grid=0.0, slope_se=0.05)
+    assert flat.half_width() == pytest.approx(
+        replace(flat, slope_se=0.0).half_width()
+    )  # an identity: no shift
+    shifted = replace(flat, shift=0.2)  # read 0.2 of loss away: the slope's error moves it by 0.2/slope
+    assert shifted.half_width() > flat.half_width()
+    expected = 1.95996 * math.hypot(0.01 / 0.5, 0.2 * 0.05 / 0.5**2)
+    assert shifted.half_width() == pytest.approx(expected, rel=1e-4)
+
+
+def test_t_quantiles_match_the_tables():
+    for df, value in [(1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (math.inf, 1.95996)]:
+        assert rules.t_quantile(0.975, df) == pytest.approx(value, rel=1e-4)
 
 
 def test_with_one_seed_the_band_knows_only_its_eval_grid_and_price_parts():
     band = Band(slope=0.5, seed_se=None, eval_se=0.04, grid=0.0)
     assert not band.known
-    assert band.resolution == pytest.approx(math.exp(rules.Z * 0.04 / 0.5))
+    assert band.resolution == pytest.approx(math.exp(1.95996 * 0.04 / 0.5), rel=1e-4)
 
 
 def test_a_task_whose_loss_no_longer_falls_has_no_resolution():
@@ -222,18 +245,20 @@ def test_a_task_whose_loss_no_longer_falls_has_no_resolution():
     assert band.half_width() == math.inf and not band.known
 
 
+def _seeded(seeds: int, variance: float = 0.001, eval_se: float = 0.02, slope: float = 0.5) -> Band:
+    """A band read over `seeds` seeds, its variance known from that many plain seeds."""
+    return Band(slope, rules.seed_se(variance, seeds), eval_se, 0.0, seed_df=seeds - 1)
+
+
 def test_seeds_and_eval_clusters_needed_for_the_target_resolution():
-    band = Band(slope=0.5, seed_se=rules.seed_se(0.001, 3), eval_se=0.02, grid=0.0)
-    seeds = rules.seeds_for(band, 0.001)
-    at = Band(slope=0.5, seed_se=rules.seed_se(0.001, seeds), eval_se=0.02, grid=0.0)
-    fewer = Band(slope=0.5, seed_se=rules.seed_se(0.001, seeds - 1), eval_se=0.02, grid=0.0)
-    assert at.resolution <= rules.TARGET_RESOLUTION < fewer.resolution
-    noisy = Band(slope=0.5, seed_se=band.seed_se, eval_se=0.04, grid=0.0)  # over the target at 3 seeds
+    seeds = rules.seeds_for(_seeded(3), 0.001)
+    assert _seeded(seeds).resolution <= rules.TARGET_RESOLUTION < _seeded(seeds - 1).resolution
+    noisy = _seeded(3, 0.0001, eval_se=0.04)  # the eval part alone is over the target
     factor = rules.eval_factor_for(noisy)
-    assert factor > 1 and rules.seeds_for(noisy, 0.001) is None  # seeds alone cannot get there
-    more = Band(slope=0.5, seed_se=band.seed_se, eval_se=0.04 / math.sqrt(factor), grid=0.0)
+    assert factor > 1 and rules.seeds_for(noisy, 0.0001) is None  # seeds alone cannot get there
+    more = replace(noisy, eval_se=0.04 / math.sqrt(factor))
     assert more.resolution == pytest.approx(rules.TARGET_RESOLUTION)
-    stuck = Band(slope=0.5, seed_se=0.001, eval_se=0.2, grid=0.0)  # the eval part alone is too wide
+    stuck = Band(slope=0.5, seed_se=0.001, eval_se=0.2, grid=0.0)
     assert rules.seeds_for(stuck, 0.001) is None
 
 
@@ -305,16 +330,26 @@ def test_a_same_trajectory_method_must_stay_within_the_resolution():
     assert not rules.same_trajectory(1.2, 1.1)
 
 
-def test_time_verdicts_against_the_clock_noise():
-    assert rules.time_verdict(1.2, 0.1)[0] == rules.WINS
-    assert rules.time_verdict(0.85, 0.1)[0] == rules.LOSES
-    assert rules.time_verdict(1.05, 0.1)[0] == rules.TIES
-    assert rules.time_verdict(2.0, None)[0] == rules.UNRESOLVED
+def test_a_time_verdict_reads_the_mean_log_ratio_of_its_pairs_with_a_t_interval():
+    pairs = [(10.0, 8.0), (11.0, 9.0), (10.5, 8.4), (9.8, 8.1), (10.2, 8.3)]  # plain, method
+    timed = rules.timing(pairs)
+    logs = [math.log(p / m) for p, m in pairs]
+    half = 2.7764 * statistics.stdev(logs) / math.sqrt(5)
+    assert timed.ratio == pytest.approx(math.exp(statistics.fmean(logs)))
+    assert timed.low == pytest.approx(math.exp(statistics.fmean(logs) - half), rel=1e-4)
+    assert timed.df == 4 and rules.time_verdict(timed)[0] == rules.WINS
+    slower = rules.timing([(m, p) for p, m in pairs])
+    assert rules.time_verdict(slower)[0] == rules.LOSES
+    noisy = rules.timing([(10.0, 8.0), (10.0, 12.5), (10.0, 9.0), (10.0, 11.0), (10.0, 9.5)])
+    assert rules.time_verdict(noisy)[0] == rules.TIES
+    assert rules.timing([(10.0, 8.0)]) is None and rules.time_verdict(None)[0] == rules.UNRESOLVED
 
 
-def test_the_clock_noise_is_the_spread_of_identical_work():
-    assert rules.clock_noise([10.0, 11.0, 12.0]) == pytest.approx(0.2)
-    assert rules.clock_noise([10.0]) is None
+def test_the_reading_budget_is_the_full_one_unless_plain_s_own_curve_turns_up():
+    assert rules.reading_budget([(0.25, 3.0), (0.5, 2.5), (0.75, 2.2), (1.0, 2.0)]) == 1.0
+    assert rules.reading_budget([(0.25, 3.0), (0.5, 2.5), (0.75, 2.2), (1.0, 2.3)]) == 0.75
+    assert rules.reading_budget([(0.25, 3.0), (0.5, 2.2), (0.75, 2.2), (1.0, 2.3)]) == 0.75  # the larger
+    assert rules.reading_budget([(0.25, math.inf), (1.0, math.inf)]) == rules.READ_AT
 
 
 # ---- the rules the docs print --------------------------------------------------------------------------
@@ -338,16 +373,12 @@ def test_a_changed_constant_changes_the_rules_the_docs_and_the_race(monkeypatch)
 
 
 def test_where_neither_alone_reaches_the_target_seeds_and_eval_together_are_named():
-    band = Band(slope=0.2, seed_se=0.02, eval_se=0.02, grid=0.0)  # each part alone exceeds the target's room
     variance = 0.02**2 * 3 / 2  # three seeds
+    band = _seeded(3, variance, eval_se=0.02, slope=0.2)  # each part alone exceeds the target's room
     assert rules.seeds_for(band, variance) is None and rules.eval_factor_for(band) is None
     pairs = rules.seeds_and_eval_for(band, variance)
     assert pairs and pairs[0][1] == min(f for _, f in pairs)
     for seeds, factor in pairs:
-        together = Band(
-            slope=0.2, seed_se=rules.seed_se(variance, seeds), eval_se=0.02 / math.sqrt(factor), grid=0.0
-        )
-        fewer = Band(
-            slope=0.2, seed_se=rules.seed_se(variance, seeds - 1), eval_se=0.02 / math.sqrt(factor), grid=0.0
-        )
+        together = _seeded(seeds, variance, 0.02 / math.sqrt(factor), 0.2)
+        fewer = _seeded(seeds - 1, variance, 0.02 / math.sqrt(factor), 0.2)
         assert together.resolution <= rules.TARGET_RESOLUTION < fewer.resolution

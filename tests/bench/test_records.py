@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from fake_arena import plain_loss, run
 
-from hf_hybrid.bench.arena import parse_methods
+from hf_hybrid.bench.arena import parse_methods, price_df
 from hf_hybrid.bench.budget import Budgets
 from hf_hybrid.bench.methods import parse_method
 from hf_hybrid.bench.plan import Planner
@@ -74,6 +74,7 @@ def recomputed(data: dict, out: Path) -> tuple[Planner, dict, list[dict], dict]:
         eval_clusters=data.get("eval_clusters"),
         eval_weights=data.get("eval_example_tokens"),
         price_errors=(data.get("calibration") or {}).get("relative_errors"),
+        price_df=price_df(data.get("calibration") or {}),
     )
     plan = planner.plan()
     plain, rows = verdicts(planner, {n.spec: p for p, n in nulls.items()})

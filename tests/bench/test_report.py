@@ -138,7 +138,7 @@ def test_the_resolution_and_what_would_reach_the_target_are_stated():
     assert "**Resolution: 1.30x** at 3 seed(s)" in lines
     assert "To resolve 1.15x it would take 9 seeds or 2.5x the eval clusters at 3 seed(s)." in lines
     flat = resolution_lines({"plain": {"resolution": {**resolution, "slope": -0.01}}})
-    assert flat[0].startswith("**Resolution: none at the full budget**")
+    assert flat[0].startswith("**Resolution: none**")
     assert "`--eval_group_column`" in lines  # no eval clusters: each example counted as independent
     both = {**resolution, "seeds_for_target": None, "eval_factor_for_target": None}
     both["seeds_and_eval_for_target"] = [[20, 2.0], [10, 3.0]]

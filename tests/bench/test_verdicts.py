@@ -3,6 +3,7 @@ at equal eval loss, each seed paired with plain's run of that seed, and the eval
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -33,6 +34,7 @@ def _row(budget, units, loss, seconds=None, seed=0, examples=None):
         wall_seconds=0.0,
         clock="cpu_time",
         eval_example_losses=examples,
+        invocation="one",
     )
 
 
@@ -62,6 +64,16 @@ def test_a_reading_is_the_plain_cost_to_reach_the_loss_over_the_cost(units, loss
 def test_time_is_read_on_the_frontier_of_times():
     # the frontier's times are units / 10: plain needs 3 s to reach 2.2; the method spent 1 s
     assert read(EVIDENCE, {0: _row(1.0, 20, 2.2, seconds=1.0)}).speedup_time == pytest.approx(3.0)
+
+
+def test_no_time_is_read_from_runs_timed_in_another_invocation():
+    """A machine's load moves between invocations (130.5 s against 35.1 s for the same quarter point):
+    a raced method's seconds read on a frontier timed in another invocation give no time speed-up."""
+    later = dataclasses.replace(_row(1.0, 20, 2.2, seconds=1.0), invocation="two")
+    assert read(EVIDENCE, {0: later}).speedup_time is None
+    mixed = dataclasses.replace(FRONTIER[2], invocation="mixed")  # a trunk resumed by another invocation
+    evidence = Evidence([*FRONTIER[:2], mixed, FRONTIER[3]], {0: FRONTIER[-1]})
+    assert read(evidence, {0: _row(1.0, 20, 2.2, seconds=1.0)}).speedup_time is None
 
 
 def test_a_diverged_run_reads_zero():

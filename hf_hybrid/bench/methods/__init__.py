@@ -8,7 +8,18 @@ register_method(MyMethod)            # MyMethod.name is then a spec like the bui
 
 from __future__ import annotations
 
-from .base import BLIND, BRANCHED, CONSTANT, FORWARD, SEPARATE_RUNS, STEP, Method, MethodError, TrialContext
+from .base import (
+    BLIND,
+    BRANCHED,
+    CONSTANT,
+    ENGINE_MS,
+    FORWARD,
+    SEPARATE_RUNS,
+    STEP,
+    Method,
+    MethodError,
+    TrialContext,
+)
 from .builtin import Hybrid, HybridPredict, NullHybrid, Plain, TrainingArgumentsOverride
 from .dropbp import DropBP
 from .freeze import Freeze
@@ -44,6 +55,7 @@ for _method in (
 
 __all__ = [
     "BLIND",
+    "ENGINE_MS",
     "BRANCHED",
     "CONSTANT",
     "SEPARATE_RUNS",

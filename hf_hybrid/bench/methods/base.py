@@ -1,8 +1,10 @@
 """What an arena method is: a named plug-in that builds the trainer of one run.
 
 Its cost is counted in kinds of steps (`step_counts`): `step` (forward, backward, optimizer), `forward`,
-`blind` (no pass over the model), or kinds of its own that the arena prices by running it (`own_kinds`);
-nothing is assumed (a small CPU model's backward costs 0.64 forwards, not 2). A task whose batches vary in
+`blind` (no pass over the model), kinds of its own that the arena prices by running it (`own_kinds`), and
+`engine_ms`: milliseconds its own machinery measured itself spending on the run's clock (the hybrid
+engine's work, a predicted step's update included); nothing is assumed (a small CPU model's backward costs
+0.64 forwards, not 2). A task whose batches vary in
 shape is counted in tokens (`token_kind`): what packing saves is padding, which a price per step misses.
 """
 
@@ -18,7 +20,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 if TYPE_CHECKING:
     from ..task import BenchTask
 
-STEP, FORWARD, BLIND, TOKEN = "step", "forward", "blind", "token"
+STEP, FORWARD, BLIND, TOKEN, ENGINE_MS = "step", "forward", "blind", "token", "engine_ms"
 
 
 def prices_tokens(task: BenchTask) -> bool:

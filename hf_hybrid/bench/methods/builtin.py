@@ -13,7 +13,7 @@ from ...args import HybridTrainingArguments
 from ...engine.phases import Phase
 from ...trainer import HybridHFTrainer
 from ..overrides import convert, parse_hybrid_overrides
-from .base import BLIND, BRANCHED, CONSTANT, FORWARD, STEP, Method, MethodError, TrialContext
+from .base import BLIND, BRANCHED, CONSTANT, ENGINE_MS, FORWARD, STEP, Method, MethodError, TrialContext
 
 # `TrainingArguments` fields that change how a step is computed, not what it computes
 SAME_TRAJECTORY_FIELDS = frozenset(
@@ -138,6 +138,7 @@ class Hybrid(Method):
             STEP: counters["backward_run"],
             FORWARD: counters["predict_checked"] + probe_forwards,
             BLIND: counters["predict_blind"],
+            ENGINE_MS: round(1000 * engine.seconds),  # its own work, predicted updates included
         }
 
     def null_spec(self) -> str | None:
