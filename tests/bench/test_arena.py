@@ -5,6 +5,7 @@ train nothing (test_plan.py, test_protocol.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 
@@ -206,10 +207,10 @@ class Interrupted(InProcess):
         return super().wait()
 
 
-def _arena(task, methods, out, executor=None):
+def _arena(task, methods, out, executor=None, protocol=SMALL):
     parsed, nulls = parse_methods(methods)
     record = Record.open(out, task.describe(), task.identity(), "test")
-    arena = Arena(task, parsed, nulls, SMALL, record, executor=executor, echo=lambda line: None)
+    arena = Arena(task, parsed, nulls, protocol, record, executor=executor, echo=lambda line: None)
     arena.check()
     arena.run()
     return json.loads((out / "results.json").read_text())
@@ -287,3 +288,23 @@ def test_a_method_that_provably_trains_like_plain_reuses_plains_runs(arena):
     verdict = next(v for v in data["verdicts"] if v["method"] == "hybrid")
     assert verdict["speedup_units"] == 1.0
     assert "the plain runs, reused: its warmup (100 steps) covers the whole budget" in verdict["reason"]
+
+
+def test_plain_under_other_names_ties_end_to_end(tmp_path):
+    """The A/A test on a built-in task, real runs: plain with a logging field changed is raced like any
+    method and reads 1.00x and a tie in units (priced as plain: only bookkeeping changed); fused AdamW
+    named explicitly (the Trainer's default) is recognised as plain's trajectory, its loss plain's to the
+    digit, and judged in time on five interleaved timed pairs. The rates of false wins and losses of the
+    time rule are the A/A unit test's (`test_null_records.py`): one real timing cannot show a rate."""
+    task = dataclasses.replace(tiny_task(), learning_rate=8e-3)  # the tiny task's bowl, inside the grid
+    logging, fused = "args:logging_steps=7", "args:optim=adamw_torch_fused"
+    protocol = dataclasses.replace(SMALL, lr_multipliers=(0.5, 1.0, 2.0), widen=1)
+    data = _arena(task, ["plain", logging, fused], tmp_path, protocol=protocol)
+    renamed = next(v for v in data["verdicts"] if v["method"] == logging)
+    assert renamed["speedup_units"] == pytest.approx(1.0) and renamed["verdict"] == rules.TIES
+    assert renamed["loss_delta"] == 0.0
+    identity = next(v for v in data["verdicts"] if v["method"] == fused)
+    assert identity["same_trajectory"] and identity["loss_delta"] == 0.0
+    assert identity["timing"]["pairs"] == rules.TIMED_PAIRS
+    assert identity["timing"]["low"] <= identity["speedup_time"] <= identity["timing"]["high"]
+    assert identity["verdict"] in (rules.WINS, rules.TIES, rules.LOSES)

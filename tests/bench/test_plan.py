@@ -112,6 +112,25 @@ def test_a_method_identical_to_plain_reads_a_tie_at_every_seed_count(tmp_path, s
     assert verdict["speedup_units"] == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize("seeds", [(0,), (0, 1, 2)])
+def test_an_identity_reads_1x_where_plain_s_own_frontier_turns_up(tmp_path, seeds):
+    """Plain's eval loss rises from 3/4 to the full budget (it overtrains): the reading budget is fixed
+    from plain's runs alone at 3/4, the other seeds run there, and plain under another name reads 1.00x
+    and a tie (the full budget's loss read on an envelope that reached it earlier read 0.55x)."""
+
+    def overtrained(m, r, b, s):
+        return plain_loss(r, b, s) + (0.4 if b == 1.0 else 0.0)
+
+    executor = Fake(lambda m, r, b, s: overtrained(m, r, b, s), aliases={"freeze:2": "plain"})
+    data, ran = run(tmp_path, ["plain", "freeze:2"], None, seeds=seeds, executor=executor)
+    assert data["plain"]["read_at"] == 0.75 and data["decisions"]["read_at"] == 0.75
+    verdict = verdict_of(data, "freeze:2")
+    assert verdict["speedup_units"] == pytest.approx(1.0) and verdict["verdict"] == rules.TIES
+    assert verdict["budget"] == 0.75
+    others = [k for k in ran.ran if k.startswith("plain") and "seed 0" not in k]
+    assert all("0-150 of 150" in k for k in others) and len(others) == len(seeds) - 1  # 3/4 of 200
+
+
 @pytest.mark.parametrize("seeds", [(0, 1), (0, 1, 2)])
 def test_a_method_as_good_as_plain_with_its_own_noise_reads_a_tie(tmp_path, seeds):
     """Planted noise: a method whose loss is plain's plus its own seed noise as large as plain's (drawn
