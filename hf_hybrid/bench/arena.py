@@ -18,15 +18,16 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..data import DataError
 from .budget import Budgets
 from .calibration import Calibration, calibrate
+from .eta import Eta, usual_cost
 from .executors import Finished, InProcess, describe
-from .methods import NULL, Method, parse_method
+from .methods import NULL, STEP, Method, parse_method
 from .plan import Plan, Planner
 from .protocol import Protocol, rules
 from .reading import MIXED
@@ -66,13 +67,13 @@ class InFlight:
 
 @dataclass
 class Progress:
-    """Runs done, in flight and ready, and the time left at the pace so far."""
+    """Runs done, in flight and ready, and the wall time left (`eta.py`)."""
 
     echo: Callable[[str], None]
-    began: float = field(default_factory=time.perf_counter)
+    eta: Eta
     done: int = 0
-    steps_done: int = 0
-    steps_planned: int = 0
+    planned_runs: int = 0  # ready or in flight: a floor of what is left
+    planned_steps: int = 0
 
     def line(self, finished: Finished, row: RunRow | None, flight: dict[str, InFlight], ready: int) -> str:
         spec = finished.spec
@@ -80,22 +81,21 @@ class Progress:
             f"[{finished.worker}] {spec.method[:36]:<36} x{spec.lr_multiplier:<5g} seed {spec.seed} "
             f"{spec.kind} {spec.start}-{spec.stop}"
         )
+        wall = f"{self.eta.finished[-1][1]:.0f} s wall" if self.eta.finished else ""
         if row is None:
             result = f"failed: {finished.error}"
-        elif row.eval_loss is None:
-            result = f"{row.own_seconds:6.1f} s"
         else:
-            result = f"eval loss {row.eval_loss:.4f}  {row.units:8.0f} units  {row.own_seconds:6.1f} s"
+            clock = "CPU" if row.clock == "cpu_time" else "wall, synchronized"
+            spent = f"{row.own_seconds:6.1f} s {clock} training, {wall} in all"
+            loss = "" if row.eval_loss is None else f"eval loss {row.eval_loss:.4f}  {row.units:8.0f} units  "
+            result = loss + spent
         running = ", ".join(
             f"{f.worker}: {f.spec.method[:16]} {f.spec.kind} {f.spec.start}-{f.spec.stop} "
-            f"({time.perf_counter() - f.began:.0f} s)"
+            f"({time.perf_counter() - f.began:.0f} s wall)"
             for f in flight.values()
         )
-        left = ""
-        if self.steps_done and self.steps_planned > self.steps_done:
-            pace = (time.perf_counter() - self.began) / self.steps_done
-            left = f"; ~{_duration(pace * (self.steps_planned - self.steps_done))} left as planned"
-        return f"{what}  {result}\n    done {self.done}, in flight {len(flight)}, ready {ready}{left}" + (
+        left = self.eta.text(self.planned_runs, self.planned_steps)
+        return f"{what}  {result}\n    done {self.done}, in flight {len(flight)}, ready {ready}; {left}" + (
             f" | {running}" if running else ""
         )
 
@@ -169,18 +169,35 @@ class Arena:
         }
         if self.task.eval_clusters is not None:
             self.record.data["eval_clusters"] = list(self.task.eval_clusters)
-        progress = Progress(self.echo)
+        runs, budgets = usual_cost(len(self.protocol.seeds), len(self.methods) + len(self.nulls))
+        eta = Eta(
+            self.executor.workers,
+            self.task.max_steps,
+            runs,
+            budgets * self.task.max_steps,
+            self.calibration.step_seconds.get(STEP, 0.0),
+        )
+        progress = Progress(self.echo, eta)
         flight: dict[str, InFlight] = {}
         failures: dict[str, int] = {}
         self.echo(f"running on {describe(self.executor)}")
+        first = True
         try:
             while True:
                 plan = self._plan()
                 self._clean_checkpoints(plan)
                 if self._reuse(plan) or self._doom(plan):
                     continue
-                progress.steps_planned = progress.steps_done + sum(s.stop - s.start for s in plan.specs)
                 self._submit(plan, flight)
+                waiting = [
+                    *plan.specs,
+                    *(f.spec for f in flight.values() if f.spec.key not in plan_keys(plan)),
+                ]
+                progress.planned_runs = len(waiting)
+                progress.planned_steps = sum(s.stop - s.start for s in waiting)
+                if first:
+                    self.echo(f"the whole arena: {eta.text(progress.planned_runs, progress.planned_steps)}")
+                    first = False
                 if not flight:
                     if plan.complete:
                         break
@@ -276,7 +293,7 @@ class Arena:
         else:
             row = self._row(spec, finished)
             self.record.add(row)
-            progress.steps_done += spec.stop - spec.start
+        progress.eta.add(spec.stop - spec.start, time.perf_counter() - entry.began)
         progress.done += 1
         self.echo(progress.line(finished, row, flight, ready))
 
@@ -405,9 +422,5 @@ def price_df(calibration: dict[str, Any]) -> float:
     return timed - 1 if timed > 1 else math.inf
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+def plan_keys(plan: Plan) -> set[str]:
+    return {s.key for s in plan.specs}
