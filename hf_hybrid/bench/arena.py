@@ -16,6 +16,7 @@ import math
 import os
 import shutil
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -123,7 +124,7 @@ class Arena:
         self.calibration: Calibration | None = None
         # this process's runs: a time ratio compares only runs of one invocation (a machine's load moves
         # between invocations: 3.6x between a quiet and a loaded hour)
-        self.invocation = f"{time.strftime('%Y-%m-%dT%H:%M:%S')}-{os.getpid()}"
+        self.invocation = f"{time.strftime('%Y-%m-%dT%H:%M:%S')}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.out = record.path.parent
         self.rebuilds: dict[str, int] = {}
 
