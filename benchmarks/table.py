@@ -221,9 +221,10 @@ def _win_text(row: dict) -> str:
         pairs = (row.get("timing") or {}).get("pairs")
         return f"{time_text(row)} in time ({band_text(row)}, {pairs} timed pairs, same trajectory)"
     seeds = len(row["seeds"])
+    never = ", never reaching plain's" if row.get("never_reaches_plain") else ""
     return (
-        f"{units_text(row)} / {time_text(row)} (eval loss {delta_text(row)} vs plain, {band_text(row)}, "
-        f"{seeds} seed{'s' if seeds > 1 else ''})"
+        f"{units_text(row)} / {time_text(row)} (eval loss {row['loss_delta']:+.3f} vs plain{never}, "
+        f"{band_text(row)}, {seeds} seed{'s' if seeds > 1 else ''})"
     )
 
 

@@ -81,7 +81,10 @@ def test_each_cell_says_its_band_and_each_task_its_resolution_and_cost(judged):
     assert f"`freeze:2`: >1.50x / 1.00x (-0.150; band {low:.2f}–{high:.2f}x), **wins** |" in generated
     assert "at 0.5 of the budget" in table.cell(table.pick(judged, "dropbp"))  # stopped early, and says so
     resolution = judged["plain"]["resolution"]
-    assert f"- `clm_stdlib`: resolution {resolution['resolution']:.2f}x at 3 seed(s);" in generated
+    documents = len(set(judged["eval_clusters"]))
+    res = resolution["resolution"]
+    line = f"- `clm_stdlib`: resolution {res:.2f}x at 3 seed(s), {documents} eval documents;"
+    assert line in generated
     assert f"plain's part {judged['plain']['cost_plain_runs']['total']:.1f}" in generated
     assert "| `packing` |" not in generated  # a family no record holds is not a row
     advice = generated.partition("What to do next on `clm_stdlib`")[2]
